@@ -1,0 +1,140 @@
+"""Model configuration: one frozen, hashable dataclass that the jitted forward takes as a static argument."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from jaxllm.errors import ModelLoadError
+
+# Hugging Face `architectures[0]` -> the family name used inside jaxllm.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's frequency-dependent rope scaling (rope_scaling.rope_type == "llama3")."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # "llama" | "mistral" | "qwen2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: Llama3RopeScaling | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2: q/k/v projections carry a bias
+    sliding_window: int | None = None  # recorded, not applied: contexts must stay within it
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+    @property
+    def queries_per_kv_head(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_hf_config(cls, hf: Mapping[str, Any], source: str = "config.json") -> "ModelConfig":
+        """Build from a Hugging Face config.json dict; `source` names the file in error messages."""
+        archs = hf.get("architectures") or []
+        arch = SUPPORTED_ARCHITECTURES.get(archs[0]) if archs else None
+        if arch is None:
+            raise ModelLoadError(source, f"unknown architecture {archs or hf.get('model_type')!r}; "
+                                 f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+        _reject_unsupported_features(hf, source)
+        num_heads = _required(hf, "num_attention_heads", source)
+        hidden = _required(hf, "hidden_size", source)
+        eos = hf.get("eos_token_id")
+        try:
+            return cls(
+                architecture=arch,
+                vocab_size=_required(hf, "vocab_size", source),
+                hidden_size=hidden,
+                intermediate_size=_required(hf, "intermediate_size", source),
+                num_layers=_required(hf, "num_hidden_layers", source),
+                num_heads=num_heads,
+                num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+                head_dim=hf.get("head_dim") or hidden // num_heads,
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(_rope_theta(hf)),
+                rope_scaling=_rope_scaling(hf, source),
+                max_position_embeddings=hf.get("max_position_embeddings", 4096),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                qkv_bias=arch == "qwen2",
+                sliding_window=_sliding_window(hf, arch),
+                bos_token_id=hf.get("bos_token_id"),
+                eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+            )
+        except ValueError as e:
+            raise ModelLoadError(source, str(e)) from None
+
+
+def _required(hf: Mapping[str, Any], key: str, source: str):
+    if key not in hf:
+        raise ModelLoadError(source, f"missing required field {key!r}")
+    return hf[key]
+
+
+def _rope_theta(hf: Mapping[str, Any]) -> float:
+    if "rope_theta" in hf:
+        return hf["rope_theta"]
+    params = hf.get("rope_parameters") or {}  # newer transformers nest it here
+    return params.get("rope_theta", 10000.0)
+
+
+def _rope_scaling(hf: Mapping[str, Any], source: str) -> Llama3RopeScaling | None:
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise ModelLoadError(source, f"rope_scaling type {kind!r} is not supported (supported: default, llama3)")
+    return Llama3RopeScaling(
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+    )
+
+
+def _sliding_window(hf: Mapping[str, Any], arch: str) -> int | None:
+    if arch == "qwen2" and not hf.get("use_sliding_window", False):
+        return None
+    return hf.get("sliding_window")
+
+
+def _reject_unsupported_features(hf: Mapping[str, Any], source: str) -> None:
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(source, f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ModelLoadError(source, "attention_bias/mlp_bias on a Llama-family model is not supported")

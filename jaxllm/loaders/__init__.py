@@ -1,0 +1,36 @@
+"""Model loading: every source produces the same (ModelConfig, LlamaParams)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from jaxllm.config import ModelConfig
+from jaxllm.loaders.gguf import load_gguf
+from jaxllm.loaders.orbax import load_checkpoint, save_checkpoint
+from jaxllm.loaders.resolve import ModelSource, resolve_model
+from jaxllm.loaders.safetensors import load_hf_dir
+from jaxllm.model.params import LlamaParams
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    config: ModelConfig
+    params: LlamaParams
+    source: ModelSource
+
+
+def load_model(model: str | os.PathLike | None = None, dtype: str = "float32") -> LoadedModel:
+    """Load `model` (None -> the default model) with params cast to `dtype` ("float32" | "bfloat16")."""
+    source = resolve_model(model)
+    if source.kind == "gguf":
+        config, params = load_gguf(source.path, dtype)
+    elif source.kind == "orbax":
+        config, params = load_checkpoint(source.path, dtype)
+    else:
+        config, params = load_hf_dir(Path(source.path), dtype)
+    return LoadedModel(config, params, source)
+
+
+__all__ = ["LoadedModel", "load_model", "resolve_model", "save_checkpoint", "load_checkpoint", "ModelSource"]

@@ -1,0 +1,60 @@
+"""Turn a loader's named numpy tensors into LlamaParams, checking every shape against the config.
+
+Loaders map their own tensor names to (field, layer) pairs: field is a LlamaParams / LayerParams field name,
+layer is the layer index or None for a global tensor. One place reports missing, duplicate and mis-shaped tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from jaxllm.config import ModelConfig
+from jaxllm.errors import ModelLoadError
+from jaxllm.model.params import LayerParams, LlamaParams, global_param_shapes, layer_param_shapes
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def numpy_dtype(dtype: str):
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def assemble_params(
+    config: ModelConfig,
+    tensors: Iterable[tuple[str, int | None, str, np.ndarray]],  # (field, layer, name in file, array)
+    source: str,
+    dtype: str = "float32",
+) -> LlamaParams:
+    np_dtype = numpy_dtype(dtype)
+    layer_shapes, global_shapes = layer_param_shapes(config), global_param_shapes(config)
+    layers = {field: [None] * config.num_layers for field in layer_shapes}
+    top: dict[str, np.ndarray] = {}
+    for field, layer, name, array in tensors:
+        expected = global_shapes.get(field) if layer is None else layer_shapes.get(field)
+        if expected is None:
+            raise ModelLoadError(source, f"unexpected tensor {name!r} for this {config.architecture} config")
+        if layer is not None and not 0 <= layer < config.num_layers:
+            raise ModelLoadError(source, f"tensor {name!r} is for layer {layer}, but the config has "
+                                 f"{config.num_layers} layers")
+        if tuple(array.shape) != expected:
+            raise ModelLoadError(source, f"tensor {name!r} has shape {tuple(array.shape)}, but the config implies "
+                                 f"{expected}")
+        if (field in top) if layer is None else (layers[field][layer] is not None):
+            raise ModelLoadError(source, f"tensor {name!r} appears twice")
+        if layer is None:
+            top[field] = array.astype(np_dtype)
+        else:
+            layers[field][layer] = array.astype(np_dtype)
+    missing = [f for f in global_shapes if f not in top]
+    missing += [f"layer {i} {f}" for f, per in layers.items() for i, a in enumerate(per) if a is None]
+    if missing:
+        raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
+                             + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    stacked = {field: jnp.asarray(np.stack(per)) for field, per in layers.items()}
+    return LlamaParams(layers=LayerParams(**stacked), **{k: jnp.asarray(v) for k, v in top.items()})

@@ -1,0 +1,151 @@
+"""GGUF files (llama.cpp): metadata -> ModelConfig, tensors dequantized to numpy, Q/K rope permutation undone."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from jaxllm.config import ModelConfig
+from jaxllm.errors import ModelLoadError
+from jaxllm.loaders.assemble import assemble_params
+from jaxllm.model.params import LlamaParams
+
+Q = GGMLQuantizationType
+SUPPORTED_TENSOR_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K}
+SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> jaxllm family
+
+_GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
+_LAYER_NAMES = {
+    "attn_norm.weight": "attn_norm", "ffn_norm.weight": "mlp_norm", "attn_q.weight": "wq", "attn_k.weight": "wk",
+    "attn_v.weight": "wv", "attn_output.weight": "wo", "attn_q.bias": "bq", "attn_k.bias": "bk",
+    "attn_v.bias": "bv", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    if not path.is_file():
+        raise ModelLoadError(path, "GGUF file not found")
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad or short files
+        raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from None
+
+
+def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
+    arch = _field(reader, "general.architecture", path)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(path, f"unknown architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+    num_heads = _field(reader, f"{arch}.attention.head_count", path)
+    hidden = _field(reader, f"{arch}.embedding_length", path)
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id", path, None)
+    try:
+        return ModelConfig(
+            architecture=SUPPORTED_ARCHITECTURES[arch],
+            vocab_size=_vocab_size(reader, arch, path),
+            hidden_size=hidden,
+            intermediate_size=_field(reader, f"{arch}.feed_forward_length", path),
+            num_layers=_field(reader, f"{arch}.block_count", path),
+            num_heads=num_heads,
+            num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", path, num_heads),
+            head_dim=_field(reader, f"{arch}.attention.key_length", path, hidden // num_heads),
+            rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path)),
+            rope_theta=float(_field(reader, f"{arch}.rope.freq_base", path, 10000.0)),
+            max_position_embeddings=_field(reader, f"{arch}.context_length", path, 4096),
+            tie_word_embeddings=not has_output,
+            qkv_bias=arch == "qwen2",
+            bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", path, None),
+            eos_token_ids=() if eos is None else (eos,),
+        )
+    except ValueError as e:
+        raise ModelLoadError(path, f"inconsistent metadata: {e}") from None
+
+
+def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaParams]:
+    reader = open_gguf(path)
+    config = gguf_config(reader, path)
+    scaling = _field(reader, f"{_arch(reader)}.rope.scaling.type", path, "none")
+    if scaling != "none":
+        raise ModelLoadError(path, f"GGUF rope scaling type {scaling!r} is not supported")
+    return config, assemble_params(config, _tensors(reader, config, path), source=str(path), dtype=dtype)
+
+
+def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
+    permute_qk = _arch(reader) == "llama"  # llama.cpp's converter reorders Q/K rows only for this architecture
+    for tensor in reader.tensors:
+        field, layer = _map_name(tensor.name)
+        if field is None:
+            if tensor.name == "rope_freqs.weight":
+                raise ModelLoadError(path, "rope_freqs.weight (GGUF rope frequency factors) is not supported")
+            raise ModelLoadError(path, f"unexpected tensor {tensor.name!r}")
+        if tensor.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise ModelLoadError(path, f"tensor {tensor.name!r} has unsupported GGUF type {tensor.tensor_type.name}; "
+                                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))}")
+        try:
+            array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        except Exception as e:
+            raise ModelLoadError(path, f"cannot dequantize tensor {tensor.name!r}: {e}") from None
+        if permute_qk and field in ("wq", "bq"):
+            array = unpermute_rope_rows(array, config.num_heads)
+        elif permute_qk and field in ("wk", "bk"):
+            array = unpermute_rope_rows(array, config.num_kv_heads)
+        yield field, layer, tensor.name, array
+
+
+def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order.
+
+    Within each head, llama.cpp interleaves the two rotary halves (rows 0, D/2, 1, D/2+1, ...) for its
+    adjacent-pair rope; Hugging Face keeps the halves apart. Rows [H*D, ...] -> same shape, halves restored.
+    """
+    rows = w.shape[0]
+    head_dim = rows // num_heads
+    split = w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:])  # [H, D/2, 2, ...] pairs as stored
+    return split.swapaxes(1, 2).reshape(w.shape)  # [H, 2, D/2, ...]: first halves, then second halves
+
+
+def permute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Hugging Face row order -> llama.cpp's (the inverse of unpermute_rope_rows); used to write test GGUFs."""
+    head_dim = w.shape[0] // num_heads
+    return w.reshape(num_heads, 2, head_dim // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _arch(reader: GGUFReader) -> str:
+    return reader.fields["general.architecture"].contents()
+
+
+_MISSING = object()
+
+
+def _field(reader: GGUFReader, key: str, path: Path, default: Any = _MISSING) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        if default is _MISSING:
+            raise ModelLoadError(path, f"GGUF metadata lacks required key {key!r}")
+        return default
+    return field.contents()
+
+
+def _vocab_size(reader: GGUFReader, arch: str, path: Path) -> int:
+    size = _field(reader, f"{arch}.vocab_size", path, None)
+    if size is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise ModelLoadError(path, f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+        size = len(tokens.data)
+    return int(size)
+
+
+def _map_name(name: str) -> tuple[str | None, int | None]:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name], None
+    m = _LAYER_RE.fullmatch(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return _LAYER_NAMES[m.group(2)], int(m.group(1))
+    return None, None

@@ -1,0 +1,75 @@
+"""Orbax checkpoints of converted params: convert once (from GGUF or safetensors), reload fast.
+
+Layout of a checkpoint directory:
+    jaxllm_checkpoint.json   {"format_version", "config", "dtype"}
+    params/                  the LlamaParams pytree, written by orbax
+    tokenizer/               the tokenizer, when one was saved with the params
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxllm.config import Llama3RopeScaling, ModelConfig
+from jaxllm.errors import ModelLoadError
+from jaxllm.loaders.assemble import numpy_dtype
+from jaxllm.loaders.resolve import ORBAX_MARKER
+from jaxllm.model.params import LlamaParams, abstract_params
+
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(path: str | Path, config: ModelConfig, params: LlamaParams, tokenizer=None) -> Path:
+    path = Path(path).absolute()
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"{path}: refusing to overwrite a non-empty directory")
+    dtype = str(jax.tree_util.tree_leaves(params)[0].dtype)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(path / "params", params)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path / "tokenizer"))
+    meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(config), "dtype": dtype}
+    (path / ORBAX_MARKER).write_text(json.dumps(meta, indent=1))
+    return path
+
+
+def read_checkpoint_config(path: Path) -> tuple[ModelConfig, str]:
+    marker = path / ORBAX_MARKER
+    try:
+        meta = json.loads(marker.read_text())
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ModelLoadError(marker, f"format_version {meta.get('format_version')!r} is not "
+                                 f"{FORMAT_VERSION}")
+        return _config_from_dict(meta["config"]), meta["dtype"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelLoadError(marker, f"not a valid jaxllm checkpoint description ({e!r})") from None
+
+
+def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None) -> tuple[ModelConfig, LlamaParams]:
+    """Restore params; `shardings` (a LlamaParams of jax.sharding.Sharding) places each array as it is read."""
+    path = Path(path).absolute()
+    config, saved_dtype = read_checkpoint_config(path)
+    target = abstract_params(config, numpy_dtype(dtype or saved_dtype))
+    if shardings is not None:
+        target = jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                        target, shardings)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            params = checkpointer.restore(path / "params", target)
+    except Exception as e:
+        raise ModelLoadError(path / "params", f"cannot restore params: {e}") from None
+    return config, params
+
+
+def _config_from_dict(d: dict) -> ModelConfig:
+    d = dict(d)
+    if d.get("rope_scaling"):
+        d["rope_scaling"] = Llama3RopeScaling(**d["rope_scaling"])
+    d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+    return ModelConfig(**d)

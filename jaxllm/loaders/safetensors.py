@@ -1,0 +1,92 @@
+"""Hugging Face model directories: config.json + model.safetensors or a sharded model.safetensors.index.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterator
+
+import jax
+import numpy as np
+from safetensors import safe_open
+
+from jaxllm.config import ModelConfig
+from jaxllm.errors import ModelLoadError
+from jaxllm.loaders.assemble import assemble_params
+from jaxllm.model.params import LlamaParams
+
+_GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "mlp_norm",
+    "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo", "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv", "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
+}
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_IGNORED_SUFFIX = "rotary_emb.inv_freq"  # old checkpoints store the rope table; it is recomputed
+
+
+def read_hf_config(model_dir: Path) -> ModelConfig:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(path, "missing: a Hugging Face model directory needs config.json")
+    try:
+        hf = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(path, f"not valid JSON ({e})") from None
+    return ModelConfig.from_hf_config(hf, source=str(path))
+
+
+def load_hf_dir(model_dir: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaParams]:
+    config = read_hf_config(model_dir)
+    files = weight_files(model_dir)
+    tensors = (t for f in files for t in _read_file(f, config))
+    return config, assemble_params(config, tensors, source=str(model_dir), dtype=dtype)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(index, f"not a valid safetensors index ({e!r})") from None
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise ModelLoadError(model_dir, "no *.safetensors weights found (pickle checkpoints such as "
+                                 "pytorch_model.bin are refused: unpickling can run arbitrary code)")
+    for f in files:
+        if not f.is_file():
+            raise ModelLoadError(f, "missing weight shard listed in model.safetensors.index.json")
+    return files
+
+
+def _read_file(path: Path, config: ModelConfig) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
+    try:
+        with jax.default_device(jax.devices("cpu")[0]), safe_open(str(path), framework="flax") as f:
+            for name in f.keys():
+                field, layer = _map_name(name)
+                if field is None:
+                    if name.endswith(_IGNORED_SUFFIX):
+                        continue
+                    raise ModelLoadError(path, f"unexpected tensor {name!r}")
+                if field == "lm_head" and config.tie_word_embeddings:
+                    continue  # tied: the output projection is the embedding
+                yield field, layer, name, np.asarray(f.get_tensor(name))
+    except ModelLoadError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
+        raise ModelLoadError(path, f"cannot read safetensors file (truncated or corrupt?): {e}") from None
+
+
+def _map_name(name: str) -> tuple[str | None, int | None]:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name], None
+    m = _LAYER_RE.fullmatch(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return _LAYER_NAMES[m.group(2)], int(m.group(1))
+    return None, None

@@ -1,0 +1,59 @@
+"""The preallocated KV block pool and the write of a step's new keys and values into it.
+
+Layout, stacked over layers so the layer scan carries one pair of arrays:
+
+    k, v: [L, N, Hkv, B, D]      N blocks of B tokens; slot = block * B + offset
+    block 0 is the null block: padding tokens write there, block tables pad with it, nothing reads it as context.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxllm.config import ModelConfig
+
+NULL_BLOCK = 0
+
+
+@struct.dataclass
+class KVCache:
+    k: jax.Array  # [L, N, Hkv, B, D]
+    v: jax.Array  # [L, N, Hkv, B, D]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[3]
+
+
+def init_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype=jnp.float32) -> KVCache:
+    if num_blocks < 2:
+        raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved for padding), got {num_blocks}")
+    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def kv_cache_bytes(config: ModelConfig, num_blocks: int, block_size: int, dtype) -> int:
+    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
+    return per_token * num_blocks * block_size
+
+
+def write_kv(
+    k_pool: jax.Array,  # [L, N, Hkv, B, D]
+    v_pool: jax.Array,  # [L, N, Hkv, B, D]
+    layer: jax.Array,  # scalar
+    slot_mapping: jax.Array,  # [T] int32
+    k: jax.Array,  # [T, Hkv, D]
+    v: jax.Array,  # [T, Hkv, D]
+) -> tuple[jax.Array, jax.Array]:
+    """Scatter each token's K/V to its slot (in place when the pool is a donated or loop-carried buffer)."""
+    block_size = k_pool.shape[3]
+    block, offset = slot_mapping // block_size, slot_mapping % block_size
+    k_pool = k_pool.at[layer, block, :, offset].set(k.astype(k_pool.dtype))
+    v_pool = v_pool.at[layer, block, :, offset].set(v.astype(v_pool.dtype))
+    return k_pool, v_pool

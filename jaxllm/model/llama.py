@@ -1,0 +1,67 @@
+"""The Llama-family forward: one pure function over (params, kv_cache, batch), layers run by lax.scan.
+
+Covers Llama 2/3/3.1, SmolLM/SmolLM2, Mistral (no sliding window) and Qwen2/2.5 (q/k/v bias), GQA, tied or
+untied embeddings. Activations stay in the params' dtype; norms, softmax and logits are computed in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxllm.config import ModelConfig
+from jaxllm.model.attention import get_attention
+from jaxllm.model.kv_cache import KVCache, write_kv
+from jaxllm.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq, swiglu
+from jaxllm.model.params import LayerParams, LlamaParams
+from jaxllm.model.step_batch import StepBatch
+
+
+def forward(
+    params: LlamaParams,
+    kv_cache: KVCache,
+    batch: StepBatch,
+    *,
+    config: ModelConfig,
+    attention: str = "reference",
+) -> tuple[jax.Array, KVCache]:
+    """Returns (logits [R, V] float32 at batch.logits_indices, kv_cache with this step's K/V written)."""
+    x = params.embed[batch.token_ids]  # [T, H]
+    cos, sin = rope_cos_sin(batch.positions, rope_inv_freq(config), x.dtype)  # [T, D] each
+    attend = get_attention(attention)
+
+    def layer_step(carry, layer_in):
+        x, k_pool, v_pool = carry
+        lp, layer = layer_in
+        h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
+        q, k, v = _qkv(h, lp, config)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v)
+        attn = attend(q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
+        x = x + linear(attn.reshape(x.shape[0], -1), lp.wo)
+        h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
+        x = x + swiglu(h, lp.w_gate, lp.w_up, lp.w_down)
+        return (x, k_pool, v_pool), None
+
+    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
+    (x, k_pool, v_pool), _ = jax.lax.scan(layer_step, (x, kv_cache.k, kv_cache.v), (params.layers, layer_ids))
+
+    h = rms_norm(x[batch.logits_indices], params.final_norm, config.rms_norm_eps)  # [R, H]
+    lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
+    logits = jax.lax.dot_general(h, lm_head, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return logits, KVCache(k=k_pool, v=v_pool)
+
+
+def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig):
+    t = h.shape[0]
+    q = linear(h, lp.wq, lp.bq).reshape(t, config.num_heads, config.head_dim)
+    k = linear(h, lp.wk, lp.bk).reshape(t, config.num_kv_heads, config.head_dim)
+    v = linear(h, lp.wv, lp.bv).reshape(t, config.num_kv_heads, config.head_dim)
+    return q, k, v
+
+
+def jit_forward(config: ModelConfig, attention: str = "reference"):
+    """The jitted step: forward(params, kv_cache, batch) with the cache donated (updated in place)."""
+    return jax.jit(functools.partial(forward, config=config, attention=attention), donate_argnums=(1,))

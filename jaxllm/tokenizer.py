@@ -1,0 +1,29 @@
+"""Tokenizers: Hugging Face tokenizers read from the model directory, the GGUF file or the checkpoint."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from jaxllm.errors import ModelLoadError
+from jaxllm.loaders.resolve import ModelSource
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    path = source.path
+    try:
+        if source.kind == "gguf":  # vocabulary, merges and chat template all come from the GGUF metadata
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        directory = path / "tokenizer" if source.kind == "orbax" else path
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ModelLoadError(path, f"cannot load a tokenizer from it: {e}") from None
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """Token ids of `messages` rendered by the tokenizer's chat template, ending with the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; use plain prompts instead")
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)

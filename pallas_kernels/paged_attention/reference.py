@@ -1,0 +1,72 @@
+"""Plain-jnp ragged paged attention: the reference every kernel is tested against, and the CPU path.
+
+Pool layout (see docs/architecture.md):
+
+    k_pool, v_pool: [L, N, Hkv, B, D]   L layers, N blocks, B tokens per block
+    block 0 is the null block: padding writes land there and nothing reads it as context.
+
+A step is ragged: sequence s owns query tokens q[query_start_loc[s] : query_start_loc[s+1]], which are its last
+q_len tokens; context_lens[s] counts every token of s whose K/V is in the pool (cached prefix + this step's tokens).
+Token j of sequence s lives in block block_tables[s, j // B] at offset j % B.
+
+    sequence s:  |<------------- context_lens[s] ------------->|
+                 |<--- cached prefix --->|<---- q_len[s] ----->|
+    query i of s sits at position context_lens[s] - q_len[s] + i and sees keys 0..that position (causal).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite, so fully masked padding rows give no NaN
+
+
+def ragged_paged_attention_reference(
+    q: jax.Array,  # [T, Hq, D]
+    k_pool: jax.Array,  # [L, N, Hkv, B, D]
+    v_pool: jax.Array,  # [L, N, Hkv, B, D]
+    layer: jax.Array | int,  # scalar: which layer of the pool to read
+    block_tables: jax.Array,  # [S, MB] int32
+    context_lens: jax.Array,  # [S] int32, 0 for padded sequences
+    query_start_loc: jax.Array,  # [S+1] int32, non-decreasing; tokens past query_start_loc[S] are padding
+    *,
+    max_query_len: int,  # static upper bound on any q_len[s]
+    sm_scale: float,
+) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs, max_blocks = block_tables.shape
+    _, _, num_kv_heads, block_size, _ = k_pool.shape
+    group = num_q_heads // num_kv_heads
+    context = max_blocks * block_size
+
+    # Lay the ragged queries out per sequence: [S, Qm] token indices, padded slots marked invalid.
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # [S]
+    slot = jnp.arange(max_query_len, dtype=jnp.int32)  # [Qm]
+    token_idx = query_start_loc[:-1, None] + slot[None, :]  # [S, Qm]
+    q_valid = slot[None, :] < q_lens[:, None]  # [S, Qm]
+    q_seq = q[jnp.clip(token_idx, 0, num_tokens - 1)]  # [S, Qm, Hq, D]
+    q_seq = q_seq.reshape(num_seqs, max_query_len, num_kv_heads, group, head_dim)
+
+    k = _gather_context(k_pool, layer, block_tables)  # [S, Hkv, C, D]
+    v = _gather_context(v_pool, layer, block_tables)  # [S, Hkv, C, D]
+
+    scores = jnp.einsum("sqhgd,shcd->shgqc", q_seq, k, preferred_element_type=jnp.float32) * sm_scale
+    q_pos = (context_lens - q_lens)[:, None] + slot[None, :]  # [S, Qm]
+    k_pos = jnp.arange(context, dtype=jnp.int32)  # [C]
+    visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < context_lens[:, None, None])
+    scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # [S, Hkv, G, Qm, C]
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v, preferred_element_type=jnp.float32)
+    out = out.reshape(num_seqs * max_query_len, num_q_heads, head_dim).astype(q.dtype)
+
+    # Scatter back to the flat token order; padded slots go out of range and are dropped.
+    dest = jnp.where(q_valid, token_idx, num_tokens).reshape(-1)  # [S*Qm]
+    return jnp.zeros_like(q).at[dest].set(out, mode="drop")
+
+
+def _gather_context(pool: jax.Array, layer, block_tables: jax.Array) -> jax.Array:
+    """[L, N, Hkv, B, D] pool -> [S, Hkv, MB*B, D]: each sequence's blocks in order, from one layer."""
+    blocks = pool[layer, block_tables]  # [S, MB, Hkv, B, D]
+    s, mb, h, b, d = blocks.shape
+    return blocks.transpose(0, 2, 1, 3, 4).reshape(s, h, mb * b, d)
