@@ -21,15 +21,19 @@ class LoadedModel:
     source: ModelSource
 
 
-def load_model(model: str | os.PathLike | None = None, dtype: str = "float32") -> LoadedModel:
-    """Load `model` (None -> the default model) with params cast to `dtype` ("float32" | "bfloat16")."""
+def load_model(model: str | os.PathLike | None = None, dtype: str = "auto") -> LoadedModel:
+    """Load `model` (None -> the default model) with params cast to `dtype`.
+
+    dtype: "float32" | "bfloat16" | "float16" | "auto" (an orbax checkpoint's saved dtype, else float32: GGUF
+    weights are dequantized to float32, and float32 matmuls are the fast ones on CPU).
+    """
     source = resolve_model(model)
-    if source.kind == "gguf":
-        config, params = load_gguf(source.path, dtype)
-    elif source.kind == "orbax":
-        config, params = load_checkpoint(source.path, dtype)
+    if source.kind == "orbax":
+        config, params = load_checkpoint(source.path, None if dtype == "auto" else dtype)
+    elif source.kind == "gguf":
+        config, params = load_gguf(source.path, "float32" if dtype == "auto" else dtype)
     else:
-        config, params = load_hf_dir(Path(source.path), dtype)
+        config, params = load_hf_dir(Path(source.path), "float32" if dtype == "auto" else dtype)
     return LoadedModel(config, params, source)
 
 

@@ -46,18 +46,19 @@ def ragged_paged_attention_reference(
     token_idx = query_start_loc[:-1, None] + slot[None, :]  # [S, Qm]
     q_valid = slot[None, :] < q_lens[:, None]  # [S, Qm]
     q_seq = q[jnp.clip(token_idx, 0, num_tokens - 1)]  # [S, Qm, Hq, D]
-    q_seq = q_seq.reshape(num_seqs, max_query_len, num_kv_heads, group, head_dim)
+    q_seq = q_seq.reshape(num_seqs, max_query_len, num_kv_heads, group, head_dim).astype(jnp.float32)
 
-    k = _gather_context(k_pool, layer, block_tables)  # [S, Hkv, C, D]
-    v = _gather_context(v_pool, layer, block_tables)  # [S, Hkv, C, D]
+    # float32 math throughout (XLA:CPU has no batched bf16 x bf16 -> f32 dot for every layout).
+    k = _gather_context(k_pool, layer, block_tables).astype(jnp.float32)  # [S, Hkv, C, D]
+    v = _gather_context(v_pool, layer, block_tables).astype(jnp.float32)  # [S, Hkv, C, D]
 
-    scores = jnp.einsum("sqhgd,shcd->shgqc", q_seq, k, preferred_element_type=jnp.float32) * sm_scale
+    scores = jnp.einsum("sqhgd,shcd->shgqc", q_seq, k) * sm_scale
     q_pos = (context_lens - q_lens)[:, None] + slot[None, :]  # [S, Qm]
     k_pos = jnp.arange(context, dtype=jnp.int32)  # [C]
     visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < context_lens[:, None, None])
     scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # [S, Hkv, G, Qm, C]
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v)
     out = out.reshape(num_seqs * max_query_len, num_q_heads, head_dim).astype(q.dtype)
 
     # Scatter back to the flat token order; padded slots go out of range and are dropped.

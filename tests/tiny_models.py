@@ -1,0 +1,105 @@
+"""Tiny random-weight Hugging Face models (torch CPU) saved as safetensors: the reference for model tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
+    Qwen2ForCausalLM
+
+_COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               max_position_embeddings=256, rms_norm_eps=1e-5, initializer_range=0.1)
+
+# name -> (config class, model class, config overrides); together they cover MHA and GQA ratios 2, 3 and 4,
+# explicit head_dim, Llama 3 rope scaling, tied and untied embeddings and q/k/v biases.
+VARIANTS = {
+    "llama2": (LlamaConfig, LlamaForCausalLM, dict(num_attention_heads=4, num_key_value_heads=4)),
+    "llama3": (LlamaConfig, LlamaForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=32))),
+    "smollm2": (LlamaConfig, LlamaForCausalLM, dict(
+        hidden_size=48, num_attention_heads=3, num_key_value_heads=1, tie_word_embeddings=True, rope_theta=1e5)),
+    "mistral": (MistralConfig, MistralForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=None)),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6)),
+}
+
+
+def save_tiny_hf_model(variant: str, directory: Path):
+    config_cls, model_cls, overrides = VARIANTS[variant]
+    torch.manual_seed(sorted(VARIANTS).index(variant))
+    model = model_cls(config_cls(**{**_COMMON, **overrides})).eval()
+    if variant == "qwen2":  # biases start at zero; make them matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.5)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory, model
+
+
+HF_TO_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}
+HF_TO_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def write_gguf(model, path: Path, arch: str = "llama", matrix_type=None, tensor_overrides=None) -> Path:
+    """Write an HF model as a llama.cpp-style GGUF: Q/K rows permuted (llama arch), 2-D weights stored as
+    `matrix_type` (default F32), everything else F32. tensor_overrides: name -> (raw numpy data, GGML type)."""
+    import gguf
+    from gguf.quants import quantize
+
+    from jaxllm.loaders.gguf import permute_rope_rows
+
+    cfg = model.config
+    qtype = matrix_type or gguf.GGMLQuantizationType.F32
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    overrides = tensor_overrides or {}
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        name = _gguf_name(hf_name)
+        array = tensor.float().numpy()
+        if arch == "llama" and ".attn_q." in name:
+            array = permute_rope_rows(array, cfg.num_attention_heads)
+        elif arch == "llama" and ".attn_k." in name:
+            array = permute_rope_rows(array, cfg.num_key_value_heads)
+        if name in overrides:
+            data, raw_type = overrides[name]
+            writer.add_tensor(name, data, raw_dtype=raw_type)
+        elif array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _gguf_name(hf_name: str) -> str:
+    if hf_name in HF_TO_GGUF:
+        return HF_TO_GGUF[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    return f"blk.{layer}.{HF_TO_GGUF_LAYER[rest]}"
