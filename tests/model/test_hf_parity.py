@@ -14,7 +14,7 @@ from jaxllm import load_model
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
 
 F32_TOL = 1e-4  # max abs logit difference (logits have std ~0.8 on these models)
-BF16_REL_TOL = 0.05  # bf16: max abs difference / max abs logit, vs HF running in bf16 (measured <= ~0.02)
+BF16_REL_TOL = 0.04  # bf16: max abs difference / max abs logit, vs HF running in bf16 (measured <= 0.016)
 BLOCK_SIZE = 4
 NUM_BLOCKS = 48
 

@@ -1,0 +1,49 @@
+"""The greedy loop equals Hugging Face greedy generate; `jaxllm generate` prints a continuation or a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from jaxllm import load_model
+from jaxllm.entrypoints.cli import main
+from jaxllm.greedy import greedy_generate
+
+
+def test_batched_greedy_equals_hf_generate(tiny_model_dir):
+    directory, hf_model = tiny_model_dir("llama3")
+    loaded = load_model(directory)
+    rng = np.random.RandomState(5)
+    prompts = [rng.randint(3, 256, size=n).tolist() for n in (5, 17, 9)]
+    ours = greedy_generate(loaded, prompts, max_tokens=12, block_size=4)
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
+                                    do_sample=False, pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+
+
+def test_greedy_stops_at_stop_token(tiny_model_dir):
+    loaded = load_model(tiny_model_dir("llama2")[0])
+    full = greedy_generate(loaded, [[5, 6, 7]], max_tokens=6)[0]
+    stopped = greedy_generate(loaded, [[5, 6, 7]], max_tokens=6, stop_token_ids=[full[2]])[0]
+    assert stopped == full[:full.index(full[2]) + 1]
+
+
+def test_greedy_rejects_too_long_request(tiny_model_dir):
+    loaded = load_model(tiny_model_dir("llama2")[0])
+    with pytest.raises(ValueError, match=r"prompt \+ max_tokens = 266 tokens exceeds the model's context of 256"):
+        greedy_generate(loaded, [[1] * 10], max_tokens=256)
+
+
+@pytest.mark.slow
+def test_cli_generate_default_model(capsys):
+    assert main(["generate", "The capital of France is", "--max-tokens", "4"]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_cli_reports_bad_model_without_traceback(capsys, tmp_path):
+    assert main(["generate", "hi", "--model", str(tmp_path / "missing.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxllm: error: ") and "missing.gguf: no such file or directory" in err
