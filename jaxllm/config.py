@@ -138,3 +138,35 @@ def _reject_unsupported_features(hf: Mapping[str, Any], source: str) -> None:
         raise ModelLoadError(source, f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ModelLoadError(source, "attention_bias/mlp_bias on a Llama-family model is not supported")
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int = 0  # blocks in the pool, including the null block 0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {self.num_blocks}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # sequences per step
+    max_num_batched_tokens: int = 512  # tokens per step (the token budget)
+    max_model_len: int = 2048  # prompt + output tokens of one sequence
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # "fcfs" | "priority" (lower priority value first, then arrival)
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"without chunked prefill, max_num_batched_tokens ({self.max_num_batched_tokens}) must "
+                             f"be >= max_model_len ({self.max_model_len}) so every prompt fits in one step")

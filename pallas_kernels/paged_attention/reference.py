@@ -33,37 +33,56 @@ def ragged_paged_attention_reference(
     *,
     max_query_len: int,  # static upper bound on any q_len[s]
     sm_scale: float,
+    num_prefill_rows: int | None = None,  # static layout hint, see below
 ) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_seqs, max_blocks = block_tables.shape
-    _, _, num_kv_heads, block_size, _ = k_pool.shape
-    group = num_q_heads // num_kv_heads
-    context = max_blocks * block_size
-
-    # Lay the ragged queries out per sequence: [S, Qm] token indices, padded slots marked invalid.
+    """Queries are laid out per sequence, [rows, Qm], so the cost is rows * Qm * context. With
+    num_prefill_rows = P, rows [0, S-P) promise at most one query token (decodes, Qm = 1) and only the last P rows
+    are padded to max_query_len; None pads every row to max_query_len."""
+    num_seqs = block_tables.shape[0]
+    prefill_rows = num_seqs if num_prefill_rows is None else num_prefill_rows
     q_lens = query_start_loc[1:] - query_start_loc[:-1]  # [S]
-    slot = jnp.arange(max_query_len, dtype=jnp.int32)  # [Qm]
-    token_idx = query_start_loc[:-1, None] + slot[None, :]  # [S, Qm]
-    q_valid = slot[None, :] < q_lens[:, None]  # [S, Qm]
-    q_seq = q[jnp.clip(token_idx, 0, num_tokens - 1)]  # [S, Qm, Hq, D]
-    q_seq = q_seq.reshape(num_seqs, max_query_len, num_kv_heads, group, head_dim).astype(jnp.float32)
+    parts = []
+    for rows, width in ((slice(0, num_seqs - prefill_rows), 1), (slice(num_seqs - prefill_rows, num_seqs),
+                                                                 max_query_len)):
+        if rows.stop > rows.start:
+            parts.append(_attend_rows(q, k_pool, v_pool, layer, block_tables[rows], context_lens[rows],
+                                      query_start_loc[:-1][rows], q_lens[rows], width, sm_scale))
+    dest = jnp.concatenate([d for d, _ in parts])  # [rows * width]
+    out = jnp.concatenate([o for _, o in parts])  # [rows * width, Hq, D]
+    return jnp.zeros_like(q).at[dest].set(out, mode="drop")
+
+
+def _attend_rows(q, k_pool, v_pool, layer, block_tables, context_lens, q_starts, q_lens, width: int,
+                 sm_scale: float) -> tuple[jax.Array, jax.Array]:
+    """Attention for R sequences whose queries are padded to `width` slots each.
+
+    Returns (dest [R*W]: the token index of each slot, out of range for padding; out [R*W, Hq, D] in q.dtype).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    rows, max_blocks = block_tables.shape
+    num_kv_heads, block_size = k_pool.shape[2], k_pool.shape[3]
+    group = num_q_heads // num_kv_heads
+
+    slot = jnp.arange(width, dtype=jnp.int32)  # [W]
+    token_idx = q_starts[:, None] + slot[None, :]  # [R, W]
+    q_valid = slot[None, :] < q_lens[:, None]  # [R, W]
+    q_seq = q[jnp.clip(token_idx, 0, num_tokens - 1)]  # [R, W, Hq, D]
+    q_seq = q_seq.reshape(rows, width, num_kv_heads, group, head_dim).astype(jnp.float32)
 
     # float32 math throughout (XLA:CPU has no batched bf16 x bf16 -> f32 dot for every layout).
-    k = _gather_context(k_pool, layer, block_tables).astype(jnp.float32)  # [S, Hkv, C, D]
-    v = _gather_context(v_pool, layer, block_tables).astype(jnp.float32)  # [S, Hkv, C, D]
+    k = _gather_context(k_pool, layer, block_tables).astype(jnp.float32)  # [R, Hkv, C, D]
+    v = _gather_context(v_pool, layer, block_tables).astype(jnp.float32)  # [R, Hkv, C, D]
 
-    scores = jnp.einsum("sqhgd,shcd->shgqc", q_seq, k) * sm_scale
-    q_pos = (context_lens - q_lens)[:, None] + slot[None, :]  # [S, Qm]
-    k_pos = jnp.arange(context, dtype=jnp.int32)  # [C]
+    scores = jnp.einsum("sqhgd,shcd->shgqc", q_seq, k) * sm_scale  # [R, Hkv, G, W, C]
+    q_pos = (context_lens - q_lens)[:, None] + slot[None, :]  # [R, W]
+    k_pos = jnp.arange(max_blocks * block_size, dtype=jnp.int32)  # [C]
     visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < context_lens[:, None, None])
-    scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # [S, Hkv, G, Qm, C]
+    scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v)
-    out = out.reshape(num_seqs * max_query_len, num_q_heads, head_dim).astype(q.dtype)
-
-    # Scatter back to the flat token order; padded slots go out of range and are dropped.
-    dest = jnp.where(q_valid, token_idx, num_tokens).reshape(-1)  # [S*Qm]
-    return jnp.zeros_like(q).at[dest].set(out, mode="drop")
+    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v)  # [R, W, Hkv, G, D]
+    out = out.reshape(rows * width, num_q_heads, head_dim).astype(q.dtype)
+    dest = jnp.where(q_valid, token_idx, num_tokens).reshape(-1)  # [R*W]
+    return dest, out
 
 
 def _gather_context(pool: jax.Array, layer, block_tables: jax.Array) -> jax.Array:
