@@ -1,0 +1,65 @@
+"""Host-side state of one request: plain Python ints and lists, never device arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from jaxllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again, to be recomputed from scratch (its output so far is kept)
+    FINISHED_STOPPED = "stop"  # EOS, a stop token id or a stop string
+    FINISHED_LENGTH = "length"  # max_tokens or the model's context
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = dataclasses.field(default_factory=time.monotonic)
+    priority: int = 0  # lower runs first when the scheduler's policy is "priority"
+    eos_token_id: int | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = dataclasses.field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the pool
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    sample_index: int = 0  # which of the parent's n samples this is
+    wait_for: "Request | None" = None  # a sibling whose prompt must be computed first (n > 1 prefix sharing)
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.num_prompt_tokens
+
+    def max_total_tokens(self, max_model_len: int) -> int:
+        """The length this request can reach: prompt + max_tokens, capped by the context."""
+        max_tokens = self.sampling_params.max_tokens
+        limit = max_model_len if max_tokens is None else self.num_prompt_tokens + max_tokens
+        return min(limit, max_model_len)

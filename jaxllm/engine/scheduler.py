@@ -1,0 +1,217 @@
+"""The scheduler counts tokens, not phases: every step moves each chosen request's num_computed_tokens toward
+its num_tokens within a token budget (max_num_batched_tokens) and a sequence budget (max_num_seqs).
+
+    step:  running requests first (decodes and unfinished prefill chunks), in order
+           -> then waiting requests (FCFS, or by priority), prefix-cache hits first, long prompts chunked
+           -> when the pool runs dry, the lowest-ranked running request is preempted: its blocks are freed and it
+              goes back to the front of the waiting queue, to be recomputed (its output so far is kept)
+
+Host-only: the output is plain data (SchedulerOutput) that the runner turns into device arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+
+from jaxllm.config import SchedulerConfig
+from jaxllm.engine.kv_cache_manager import KVCacheManager
+from jaxllm.engine.request import Request, RequestStatus
+
+
+@dataclasses.dataclass
+class ScheduledChunk:
+    request: Request
+    num_new_tokens: int
+    num_computed_before: int  # tokens already in the pool: the chunk starts at this position
+    block_ids: list[int]
+    token_ids: list[int]  # the tokens this chunk computes
+    samples: bool  # the chunk reaches the request's last known token, so a new token is sampled after it
+
+    @classmethod
+    def of(cls, request: Request, num_new_tokens: int, block_ids: list[int]) -> "ScheduledChunk":
+        start = request.num_computed_tokens
+        return cls(request, num_new_tokens, start, block_ids, request.all_token_ids[start:start + num_new_tokens],
+                   start + num_new_tokens >= request.num_tokens)
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]  # running requests first, then newly admitted ones
+    preempted: list[Request]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager):
+        self.config = config
+        self.kv_cache = kv_cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+
+    # ------------------------------------------------------------------ requests in and out
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises ValueError if it could never run (its full length exceeds the context or the
+        pool), so nothing is left waiting forever."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        total = request.max_total_tokens(self.config.max_model_len)
+        if request.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError(f"prompt has {request.num_prompt_tokens} tokens; max_model_len is "
+                             f"{self.config.max_model_len} and at least one token must be generated")
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None and request.num_prompt_tokens + max_tokens > self.config.max_model_len:
+            raise ValueError(f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                             f"{request.num_prompt_tokens + max_tokens} exceeds max_model_len "
+                             f"{self.config.max_model_len}")
+        needed = self.kv_cache.blocks_needed(total)
+        if needed > self.kv_cache.pool.num_usable_blocks:
+            raise ValueError(f"request needs {needed} KV blocks for {total} tokens, but the pool only has "
+                             f"{self.kv_cache.pool.num_usable_blocks}; increase num_blocks or lower max_tokens")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish(self, request: Request, status: RequestStatus, stop_reason: int | str | None = None) -> None:
+        """End a request (stopped, length, aborted): its blocks go back to the pool at once."""
+        if request.status.finished:
+            return
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        request.stop_reason = stop_reason
+        request.finished_time = time.monotonic()
+        self.kv_cache.forget(request)
+        del self.requests[request.request_id]
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.finish(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Request] = []
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv_cache.allocate(request, num_new):
+                victim = self._lowest_ranked_running()
+                self._preempt(victim, chunks)
+                preempted.append(victim)
+                budget = self.config.max_num_batched_tokens - sum(c.num_new_tokens for c in chunks)
+                if victim is request:
+                    break
+                index = min(index, self.running.index(request))
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted itself: `index` now points at the next request
+            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.block_ids(request)))
+            budget -= num_new
+            index += 1
+
+        if not preempted:  # admitting while others are being evicted would only thrash
+            budget = self._admit_waiting(chunks, budget)
+        return SchedulerOutput(chunks, preempted)
+
+    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self._pop_next_waiting()
+            if request.wait_for is not None and not request.wait_for.status.finished \
+                    and not request.wait_for.is_prefill_done:
+                skipped.append(request)  # let a sibling compute the shared prompt first
+                continue
+            cached = self.kv_cache.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+            num_computed = len(cached) * self.kv_cache.block_size
+            num_new = request.num_tokens - num_computed
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                self._push_front(request)
+                break
+            num_new = min(num_new, budget)
+            if not self.kv_cache.allocate(request, num_new, cached):
+                self._push_front(request)
+                break
+            if request.status is RequestStatus.WAITING:
+                request.num_cached_tokens = num_computed
+            request.num_computed_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.block_ids(request)))
+            budget -= num_new
+        for request in reversed(skipped):
+            self._push_front(request)
+        return budget
+
+    def _pop_next_waiting(self) -> Request:
+        if self.config.policy == "priority":
+            best = min(self.waiting, key=lambda r: (r.priority, r.arrival_time))
+            self.waiting.remove(best)
+            return best
+        return self.waiting.popleft()
+
+    def _push_front(self, request: Request) -> None:
+        self.waiting.appendleft(request)
+
+    def _lowest_ranked_running(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]  # FCFS: the most recently admitted
+
+    def _preempt(self, victim: Request, chunks: list[ScheduledChunk]) -> None:
+        """Free the victim's blocks and requeue it for recomputation (dropping its chunk if already scheduled)."""
+        chunks[:] = [c for c in chunks if c.request is not victim]
+        self.running.remove(victim)
+        self.kv_cache.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self._push_front(victim)
+
+    # ------------------------------------------------------------------ after the model ran
+    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance each scheduled request; append the token sampled for it (if its chunk sampled); apply the
+        token-level stop rules. Returns the requests that finished."""
+        finished = []
+        for chunk in output.chunks:
+            request = chunk.request
+            if request.status.finished:  # aborted while the step ran
+                continue
+            request.num_computed_tokens = chunk.num_computed_before + chunk.num_new_tokens
+            self.kv_cache.cache_computed_blocks(request)
+            if not chunk.samples:
+                continue
+            request.output_token_ids.append(sampled[request.request_id])
+            if request.first_token_time is None:
+                request.first_token_time = time.monotonic()
+            status, reason = self._stop_status(request)
+            if status is not None:
+                self.finish(request, status, reason)
+                finished.append(request)
+        return finished
+
+    def _stop_status(self, request: Request) -> tuple[RequestStatus | None, int | None]:
+        params = request.sampling_params
+        token = request.output_token_ids[-1]
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens:
+            if token == request.eos_token_id and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED, None
+            if params.stop_token_ids and token in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED, token
+        if request.num_tokens >= request.max_total_tokens(self.config.max_model_len):
+            return RequestStatus.FINISHED_LENGTH, None
+        return None, None

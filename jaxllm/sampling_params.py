@@ -1,0 +1,163 @@
+"""SamplingParams: how one request is sampled and when it stops (host side; vLLM's field names and semantics).
+
+Every field is checked in `__post_init__`; a bad value raises ValueError naming the field and its allowed range.
+Checks that need the model's vocabulary size live in `validate_for_vocab`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+import numbers
+
+logger = logging.getLogger(__name__)
+
+SAMPLING_EPS = 1e-5  # temperatures below this mean greedy sampling
+MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this (they overflow float32 logits)
+MAX_LOGPROBS = 20  # the most top-N logprobs a request may ask for, per token
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """Sampling parameters of one request (see vLLM's SamplingParams; the OpenAI API's fields).
+
+    n: outputs to return for the prompt.
+    presence_penalty / frequency_penalty: in [-2, 2]; subtracted from the logit of every token already in the
+        output, once (presence) or once per occurrence (frequency). Positive values discourage repetition.
+    repetition_penalty: > 0; logits of tokens in the prompt or the output are divided by it when positive and
+        multiplied by it when negative. 1 disables it.
+    temperature: >= 0; 0 means greedy. Values in (0, 0.01) are raised to 0.01.
+    top_p: in (0, 1]; keep the smallest set of most likely tokens whose probability reaches top_p.
+    top_k: keep the k most likely tokens; 0 or -1 disables it (normalised to 0).
+    min_p: in [0, 1]; drop tokens less likely than min_p times the most likely one.
+    seed: per-request seed; the same seed gives the same tokens whatever else is batched with the request.
+    stop: strings that end the generation; not part of the output unless include_stop_str_in_output.
+    stop_token_ids: tokens that end the generation.
+    ignore_eos: keep generating after the EOS token.
+    max_tokens: most tokens to generate; None means up to the model's context.
+    min_tokens: EOS and stop_token_ids cannot be sampled, nor stop strings match, before this many tokens.
+    logprobs: None, or the number of top logprobs per output token (0: only the sampled token's).
+    prompt_logprobs: None, or the number of top logprobs per prompt token.
+    skip_special_tokens / spaces_between_special_tokens: detokenization options.
+    include_stop_str_in_output: keep the matched stop string at the end of the output text.
+    logit_bias: token id -> value added to its logit before sampling.
+    detokenize: produce output text (stop strings need it).
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    detokenize: bool = True
+
+    def __post_init__(self) -> None:
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            logger.warning("temperature %s raised to %s", self.temperature, MIN_TEMPERATURE)
+            self.temperature = MIN_TEMPERATURE
+        if self.sampling_type == SamplingType.GREEDY:
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+            if self.n != 1:
+                raise ValueError(f"n must be 1 when sampling greedily (temperature 0), got {self.n}")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    def validate_for_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError if logit_bias or stop_token_ids name a token outside [0, vocab_size)."""
+        for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids)):
+            bad = [i for i in ids if not 0 <= i < vocab_size]
+            if bad:
+                raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), got {bad}")
+
+    def _validate(self) -> None:
+        _require_int("n", self.n, low=1)
+        _require_range("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
+        _require_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
+        _require_range("repetition_penalty", self.repetition_penalty, 0.0, math.inf, "> 0", low_open=True)
+        _require_range("temperature", self.temperature, 0.0, math.inf, ">= 0")
+        _require_range("top_p", self.top_p, 0.0, 1.0, "in (0, 1]", low_open=True)
+        _require_int("top_k", self.top_k, low=0, what="0 or -1 (disabled), or >= 1")
+        _require_range("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+        if self.max_tokens is not None:
+            _require_int("max_tokens", self.max_tokens, low=1)
+        _require_int("min_tokens", self.min_tokens, low=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _require_int(name, getattr(self, name), low=0, high=MAX_LOGPROBS)
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True")
+        for token in self.stop_token_ids:
+            _require_int("stop_token_ids", token, low=0)
+        self._validate_logit_bias()
+
+    def _validate_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
+        for token, bias in self.logit_bias.items():
+            _require_int("logit_bias", token, low=0, what="keyed by token ids >= 0")
+            _require_range("logit_bias", bias, -math.inf, math.inf, "finite values")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _require_int(name: str, value, low: int | None = None, high: int | None = None, what: str | None = None) -> None:
+    if _is_int(value) and (low is None or value >= low) and (high is None or value <= high):
+        return
+    if what is None:
+        bounds = {(True, True): "an int", (False, True): f"an int >= {low}", (True, False): f"an int <= {high}",
+                  (False, False): f"an int in [{low}, {high}]"}[(low is None, high is None)]
+        what = bounds
+    raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def _require_range(name: str, value, low: float, high: float, what: str, low_open: bool = False) -> None:
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and value <= high)
+    if not ok:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
