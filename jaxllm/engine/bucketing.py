@@ -1,8 +1,9 @@
 """Shape buckets: every step is padded to sizes from small fixed sets, so XLA compiles a bounded, known set of
 programs however requests arrive.
 
-    T  tokens per step          powers of two S .. max(max_num_batched_tokens, max_num_seqs), rounded up
-    S  sequences per step       powers of two 1 .. max_num_seqs
+    T  tokens per step          powers of two S .. max(max_num_batched_tokens, 2 * max_num_seqs), rounded up
+    S  sequences per step       powers of two 1 .. max_num_seqs (decode-only steps); up to 2 * max_num_seqs
+                                in mixed steps, whose decode rows and pow2-padded prefill rows add up
     MB blocks per sequence      powers of two 1 .. ceil(max_model_len / block_size)
     P  prefill rows (> 1 token) 0, or powers of two 1 .. S
     Q  prefill query length     1 when P = 0, else powers of two 2 .. T
@@ -56,8 +57,8 @@ class Buckets:
 
     def all_shapes(self) -> Iterator[StepShape]:
         """Every shape shape_for can return for requests within the limits: the bucket set."""
-        for s, mb in itertools.product(self._seq_sizes(), self._block_sizes()):
-            yield StepShape(s, s, mb, 0, 1)  # decode-only
+        yield from self.decode_shapes()
+        for s, mb in itertools.product(self._mixed_seq_sizes(), self._block_sizes()):
             for p, t in itertools.product(pow2_range(1, s), self._token_sizes()):
                 if t >= s:
                     yield from (StepShape(t, s, mb, p, q) for q in pow2_range(2, t))
@@ -71,8 +72,12 @@ class Buckets:
     def _seq_sizes(self) -> tuple[int, ...]:
         return pow2_range(1, self.max_num_seqs)
 
+    def _mixed_seq_sizes(self) -> tuple[int, ...]:
+        """Decode rows + prefill rows rounded up to a power of two can reach 2 * max_num_seqs - 1."""
+        return pow2_range(1, 2 * self.max_num_seqs - 1)
+
     def _block_sizes(self) -> tuple[int, ...]:
         return pow2_range(1, self.max_blocks_per_seq)
 
     def _token_sizes(self) -> tuple[int, ...]:
-        return pow2_range(1, max(self.max_num_batched_tokens, self.max_num_seqs))
+        return pow2_range(1, max(self.max_num_batched_tokens, 2 * self.max_num_seqs - 1))

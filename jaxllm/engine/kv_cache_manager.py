@@ -42,9 +42,10 @@ class KVCacheManager:
 
     def find_cached_prefix(self, request: Request) -> list[Block]:
         """Longest run of cached blocks matching the request's tokens, leaving at least one token to compute
-        (the last prompt token must run through the model to produce logits)."""
-        if not self.pool.enable_prefix_caching:
-            return []
+        (the last prompt token must run through the model to produce logits). Requests asking for prompt
+        logprobs get none."""
+        if not self.pool.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position computed
         hashes = self._full_block_hashes(request)
         hits: list[Block] = []
         for block_hash in hashes[:(request.num_tokens - 1) // self.block_size]:

@@ -38,6 +38,7 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     sample_index: int = 0  # which of the parent's n samples this is
+    rng_stream: int = 0  # distinct per request: unseeded sampling noise is drawn from (engine seed, stream)
     wait_for: "Request | None" = None  # a sibling whose prompt must be computed first (n > 1 prefix sharing)
     first_token_time: float | None = None
     finished_time: float | None = None

@@ -51,7 +51,7 @@ class SequenceChunk:
     token_ids: Sequence[int]  # the new tokens this step computes
     num_cached: int  # tokens already in the pool before this step
     block_table: Sequence[int]  # block ids covering at least num_cached + len(token_ids) tokens
-    want_logits: str = "last"  # "last" | "all" | "none"
+    want_logits: str | Sequence[int] = "last"  # "last" | "all" | "none" | offsets into token_ids
 
 
 def build_step_batch(
@@ -108,7 +108,7 @@ def build_step_batch(
         slot_mapping[start:start + n] = table[pos // block_size] * block_size + pos % block_size
         block_tables[row, :len(table)] = table
         context_lens[row] = end_len
-        logits_indices += {"last": [start + n - 1], "all": list(range(start, start + n)), "none": []}[chunk.want_logits]
+        logits_indices += [start + offset for offset in _logit_offsets(chunk.want_logits, n)]
 
     num_logits = num_logits or max(len(logits_indices), 1)
     if len(logits_indices) > num_logits:
@@ -130,3 +130,11 @@ def _assign_rows(is_prefill: Sequence[bool], first_prefill_row: int) -> list[int
             rows.append(next_decode)
             next_decode += 1
     return rows
+
+
+def _logit_offsets(want: str | Sequence[int], num_new: int) -> Sequence[int]:
+    if isinstance(want, str):
+        return {"last": [num_new - 1], "all": range(num_new), "none": []}[want]
+    if any(not 0 <= offset < num_new for offset in want):
+        raise ValueError(f"logit offsets {list(want)} fall outside a chunk of {num_new} tokens")
+    return want

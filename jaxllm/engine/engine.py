@@ -1,0 +1,167 @@
+"""LLMEngine: add_request / step / abort_request over the scheduler, the runner and the output processor.
+
+    step():  scheduler.schedule() -> runner.execute() -> scheduler.update() -> stop strings, logprobs, text
+             -> RequestOutputs for the requests that made progress
+
+Single-threaded: callers (the offline LLM, the server's engine loop) call step() repeatedly; aborts and new
+requests are applied between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from typing import Any, Sequence
+
+from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.block_pool import BlockPool
+from jaxllm.engine.kv_cache_manager import KVCacheManager
+from jaxllm.engine.output_processor import OUTPUT_KINDS, OutputProcessor
+from jaxllm.engine.request import Request, RequestStatus
+from jaxllm.engine.runner import ModelRunner
+from jaxllm.engine.scheduler import Scheduler
+from jaxllm.outputs import RequestOutput
+from jaxllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | Sequence[int] | dict
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs, loaded=None, tokenizer=None):
+        from jaxllm.loaders import load_model
+        from jaxllm.tokenizer import load_tokenizer
+
+        self.loaded = loaded if loaded is not None else load_model(args.model, dtype=args.dtype)
+        self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
+            load_tokenizer(self.loaded.source)
+        self.model_config = self.loaded.config
+        self.scheduler_config, self.cache_config = args.resolve(self.loaded)
+        self.eos_token_id = self._eos_token_id()
+        self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
+                                  attention=args.attention,
+                                  eos_token_ids=() if self.eos_token_id is None else (self.eos_token_id,))
+        pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size))
+        self.processor = OutputProcessor(self.tokenizer)
+        self.num_steps = 0
+        self._rng_streams = itertools.count()
+        if args.warmup:
+            self.runner.warmup()
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
+                    arrival_time: float | None = None, priority: int = 0, output_kind: str = "cumulative") -> None:
+        """Queue a request; raises ValueError (naming the field) if it is invalid or could never fit."""
+        params = params or SamplingParams()
+        if output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
+        if request_id in self.processor.parents:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, token_ids = self._tokenize(prompt)
+        params.validate_for_vocab(self.model_config.vocab_size)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        children = [Request(request_id if params.n == 1 else f"{i}_{request_id}", token_ids, self._child_params(
+            params, i), arrival_time=arrival, priority=priority, eos_token_id=self.eos_token_id, sample_index=i,
+            rng_stream=next(self._rng_streams)) for i in range(params.n)]
+        for child in children[1:]:
+            child.wait_for = children[0]  # siblings reuse the first one's prompt blocks via the prefix cache
+        added = []
+        try:
+            for child in children:
+                self.scheduler.add_request(child)
+                added.append(child)
+        except ValueError:
+            for child in added:
+                self.scheduler.abort(child.request_id)
+            raise
+        self.processor.add(request_id, text, children, output_kind)
+
+    def abort_request(self, request_ids: str | Sequence[str]) -> None:
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            for child in self.processor.abort(request_id):
+                self.scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
+            self.processor.forget(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.processor.parents)
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.chunks:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError("the scheduler could not schedule any request although some are unfinished")
+            return []
+        now = time.monotonic()
+        for chunk in out.chunks:
+            self.processor.mark_scheduled(chunk.request, now)
+        results, prompt_logprobs = self.runner.execute(out)
+        self.scheduler.update(out, {rid: r.token_id for rid, r in results.items()})
+        self.num_steps += 1
+        progressed = []
+        for chunk in out.chunks:
+            request = chunk.request
+            if request.request_id in prompt_logprobs:
+                self.processor.record_prompt_logprobs(request, prompt_logprobs[request.request_id])
+            if request.request_id not in results or request.status is RequestStatus.FINISHED_ABORTED:
+                continue
+            stop = self.processor.record_sample(request, results[request.request_id])
+            if stop is not None:
+                self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop)
+            progressed.append(request)
+        return self.processor.outputs_for(progressed)
+
+    # ------------------------------------------------------------------ helpers
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                return self._tokenize(prompt["prompt"])
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        elif isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer; pass prompt_token_ids instead")
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        vocab = self.model_config.vocab_size
+        for i, token in enumerate(token_ids):
+            if not isinstance(token, int) or not 0 <= token < vocab:
+                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is not a token id in [0, {vocab})")
+        return text, token_ids
+
+    @staticmethod
+    def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+        if params.n == 1:
+            return params
+        seed = None if params.seed is None else params.seed + index
+        return dataclasses.replace(params, n=1, seed=seed)
+
+    def _eos_token_id(self) -> int | None:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        eos = self.model_config.eos_token_ids
+        return eos[0] if eos else None
+
+    def stats(self) -> dict[str, Any]:
+        pool = self.scheduler.kv_cache.pool
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_cache_usage": pool.usage(),
+            "prefix_cache_queries": pool.prefix_cache_queries,
+            "prefix_cache_hits": pool.prefix_cache_hits,
+            "num_compiled_programs": self.runner.num_compiled_programs,
+            "num_steps": self.num_steps,
+        }

@@ -1,0 +1,171 @@
+"""Turns per-step engine results into RequestOutputs: detokenization, stop strings, logprobs, n > 1 fan-in.
+
+A user request with n samples runs as n engine requests ("child" ids `{i}_{request_id}`); this module keeps one
+RequestState per child and assembles the parent's RequestOutput from all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from jaxllm.detokenizer import IncrementalDetokenizer
+from jaxllm.engine.request import Request
+from jaxllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput, SampleLogprobs
+
+OUTPUT_KINDS = ("cumulative", "delta", "final")
+
+
+@dataclasses.dataclass
+class SampleResult:
+    """One sampled token as the runner reports it."""
+
+    token_id: int
+    logprob: float  # the sampled token's logprob under the model's raw distribution
+    rank: int  # 1 = the model's most likely token
+    top: list[tuple[int, float]]  # the top-N (token id, logprob), N = the request's `logprobs`
+
+
+@dataclasses.dataclass(eq=False)
+class RequestState:
+    request: Request
+    detokenizer: IncrementalDetokenizer | None
+    logprobs: SampleLogprobs | None
+    cumulative_logprob: float | None
+    sent_tokens: int = 0  # tokens already reported (delta mode)
+    sent_text: int = 0  # characters already reported (delta mode)
+
+
+@dataclasses.dataclass(eq=False)
+class ParentState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[RequestState]
+    output_kind: str
+    metrics: RequestMetrics
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.parents: dict[str, ParentState] = {}
+        self.child_parent: dict[str, ParentState] = {}
+
+    def add(self, parent_id: str, prompt: str | None, children: list[Request], output_kind: str) -> None:
+        states = [self._state(child) for child in children]
+        first = children[0]
+        parent = ParentState(parent_id, prompt, first.prompt_token_ids, states, output_kind,
+                             RequestMetrics(arrival_time=first.arrival_time),
+                             [None] if first.sampling_params.prompt_logprobs is not None else None)
+        self.parents[parent_id] = parent
+        for child in children:
+            self.child_parent[child.request_id] = parent
+
+    def _state(self, request: Request) -> RequestState:
+        params = request.sampling_params
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params) \
+            if self.tokenizer is not None and params.detokenize else None
+        wants_logprobs = params.logprobs is not None
+        return RequestState(request, detok, [] if wants_logprobs else None, 0.0 if wants_logprobs else None)
+
+    def record_sample(self, request: Request, result: SampleResult) -> str | None:
+        """Account for the token the scheduler just appended; returns the stop string it completed, if any."""
+        state = self._child_state(request)
+        params = request.sampling_params
+        if state.logprobs is not None:
+            entry = {tid: Logprob(lp, rank=i + 1, decoded_token=self._decode_one(tid))
+                     for i, (tid, lp) in enumerate(result.top[:params.logprobs])}
+            entry.setdefault(result.token_id, Logprob(result.logprob, result.rank, self._decode_one(result.token_id)))
+            state.logprobs.append(entry)
+            state.cumulative_logprob += result.logprob
+        if state.detokenizer is None:
+            return None
+        state.detokenizer.update([result.token_id])
+        return state.detokenizer.finished_by_stop
+
+    def record_prompt_logprobs(self, request: Request, entries: PromptLogprobs) -> None:
+        parent = self.child_parent[request.request_id]
+        if parent.prompt_logprobs is not None and parent.children[0].request is request:
+            parent.prompt_logprobs.extend(entries)
+
+    def outputs_for(self, requests: list[Request]) -> list[RequestOutput]:
+        """RequestOutputs for the parents of `requests` (which made progress or finished this step)."""
+        now = time.monotonic()
+        parents = list(dict.fromkeys(self.child_parent[r.request_id] for r in requests
+                                     if r.request_id in self.child_parent))
+        results = []
+        for parent in parents:
+            self._update_metrics(parent, now)
+            finished = all(c.request.status.finished for c in parent.children)
+            if parent.output_kind == "final" and not finished:
+                continue
+            results.append(self._assemble(parent, finished))
+            if finished:
+                self._forget(parent)
+        return results
+
+    def _assemble(self, parent: ParentState, finished: bool) -> RequestOutput:
+        delta = parent.output_kind == "delta"
+        completions = []
+        for state in parent.children:
+            request = state.request
+            if delta and state.sent_tokens == len(request.output_token_ids) and not request.status.finished:
+                continue
+            completions.append(self._completion(state, delta))
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, parent.prompt_logprobs,
+                             completions, finished, parent.metrics,
+                             num_cached_tokens=parent.children[0].request.num_cached_tokens)
+
+    def _completion(self, state: RequestState, delta: bool) -> CompletionOutput:
+        request = state.request
+        text = state.detokenizer.output_text if state.detokenizer is not None else ""
+        tokens = request.output_token_ids
+        logprobs = state.logprobs
+        if delta:
+            text, tokens = text[state.sent_text:], tokens[state.sent_tokens:]
+            logprobs = None if logprobs is None else logprobs[state.sent_tokens:]
+            state.sent_text += len(text)
+            state.sent_tokens += len(tokens)
+        finish = request.status.value if request.status.finished else None
+        return CompletionOutput(request.sample_index, text, list(tokens), state.cumulative_logprob, logprobs,
+                                finish, request.stop_reason)
+
+    def _update_metrics(self, parent: ParentState, now: float) -> None:
+        metrics = parent.metrics
+        firsts = [c.request.first_token_time for c in parent.children if c.request.first_token_time]
+        if firsts and metrics.first_token_time is None:
+            metrics.first_token_time = min(firsts)
+        metrics.last_token_time = now
+        if all(c.request.status.finished for c in parent.children):
+            metrics.finished_time = now
+
+    def mark_scheduled(self, request: Request, now: float) -> None:
+        parent = self.child_parent.get(request.request_id)
+        if parent is not None and parent.metrics.first_scheduled_time is None:
+            parent.metrics.first_scheduled_time = now
+
+    def _child_state(self, request: Request) -> RequestState:
+        parent = self.child_parent[request.request_id]
+        return parent.children[request.sample_index]
+
+    def _decode_one(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+    def forget(self, parent_id: str) -> None:
+        parent = self.parents.get(parent_id)
+        if parent is not None:
+            self._forget(parent)
+
+    def _forget(self, parent: ParentState) -> None:
+        del self.parents[parent.request_id]
+        for state in parent.children:
+            self.child_parent.pop(state.request.request_id, None)
+
+    def abort(self, parent_id: str) -> list[Request]:
+        """Children of a user request that are still unfinished (the engine aborts them)."""
+        parent = self.parents.get(parent_id)
+        if parent is None:
+            return []
+        return [c.request for c in parent.children if not c.request.status.finished]

@@ -1,0 +1,110 @@
+"""The offline API, as vLLM users know it: LLM(model).generate(prompts, SamplingParams(...))."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.engine import LLMEngine, PromptType
+from jaxllm.outputs import RequestOutput
+from jaxllm.sampling_params import SamplingParams
+from jaxllm.tokenizer import chat_prompt_ids
+
+
+class LLM:
+    """Load a model once, then generate for batches of prompts with continuous batching.
+
+    Arguments are EngineArgs fields: model (None: the default model), dtype, max_model_len, max_num_seqs,
+    max_num_batched_tokens, block_size, num_gpu_blocks, gpu_memory_utilization, kv_cache_memory_bytes,
+    enable_prefix_caching, enable_chunked_prefill, scheduling_policy, seed, attention, warmup.
+    """
+
+    def __init__(self, model: str | None = None, **engine_args):
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Outputs in the order of `prompts`. A prompt is a string, a list of token ids, or a dict with
+        "prompt" or "prompt_token_ids"; sampling_params is one for all prompts or one per prompt."""
+        prompts = self._as_list(prompts)
+        params = self._params_per_prompt(sampling_params, len(prompts))
+        priority = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priority) != len(prompts):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
+        ids = []
+        try:
+            for prompt, p, prio in zip(prompts, params, priority):
+                ids.append(str(next(self._ids)))
+                self.engine.add_request(ids[-1], prompt, p, priority=prio, output_kind="final")
+        except ValueError:
+            self.engine.abort_request(ids)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[dict] | Sequence[Sequence[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [{"prompt_token_ids": chat_prompt_ids(self.get_tokenizer(), c)} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = _progress_bar(len(ids)) if use_tqdm else None
+        generated = 0
+        try:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        generated += sum(len(o.token_ids) for o in output.outputs)
+                        if bar is not None:
+                            bar.update(1)
+                            bar.set_postfix_str(f"{generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
+        except BaseException:
+            self.engine.abort_request([i for i in ids if i not in finished])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finished[i] for i in ids]
+
+    @staticmethod
+    def _as_list(prompts) -> list:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(t, int) for t in prompts):
+            return [prompts]  # one prompt given as token ids
+        return prompts
+
+    @staticmethod
+    def _params_per_prompt(sampling_params, count: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * count
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        sampling_params = list(sampling_params)
+        if len(sampling_params) != count:
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {count} prompts")
+        return sampling_params
+
+
+def _progress_bar(total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", unit="req", dynamic_ncols=True)

@@ -1,0 +1,192 @@
+"""Batched sampling with per-row parameters: one pure, jittable function of (logits, SamplingBatch).
+
+Order, as vLLM v1:
+  1. logprobs from the raw logits (log-softmax of the model output), if any row asked for them;
+  2. sparse adjustments: logit_bias, min_tokens (-inf on EOS / stop ids), then the repetition, frequency and
+     presence penalties;
+  3. greedy rows take the argmax; the others divide by their temperature, drop tokens by min-p, top-k and
+     top-p (in that order), and sample with the Gumbel-max trick.
+
+Filtering never sorts the vocabulary: each cut is a threshold on the row's logits, read off the row's top
+NUM_CANDIDATES logits (lax.top_k) when the kept set lies within them, else found exactly by bisection over the
+whole row (only when some row needs it, under lax.cond). The Gumbel noise is a keyed integer hash of
+(row key, token id); the row key is derived with jax.random from (seed, stream, tokens generated so far).
+A threefry draw per logit costs ~5x more on CPU, and the noise then depends on nothing but the row key.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax import lax
+
+from jaxllm.sampling_batch import NO_LOGPROBS, SamplingBatch
+
+NUM_CANDIDATES = 256  # logits per row searched for the top-k / top-p cut before falling back to bisection
+
+
+@struct.dataclass
+class SamplerOutput:
+    """Sampled tokens and, when some row asked for logprobs, their logprobs from the raw logits.
+
+    sampled_token_ids      [R]     int32
+    sampled_logprobs       [R]     float32  logprob of the sampled token (None if no row asked)
+    sampled_ranks          [R]     int32    1 + number of tokens with a larger logprob (None if no row asked)
+    top_logprob_token_ids  [R, N]  int32    N = batch.num_logprobs; most likely first (None if no row asked)
+    top_logprobs           [R, N]  float32
+    """
+
+    sampled_token_ids: jax.Array
+    sampled_logprobs: jax.Array | None = None
+    sampled_ranks: jax.Array | None = None
+    top_logprob_token_ids: jax.Array | None = None
+    top_logprobs: jax.Array | None = None
+
+
+def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
+    """logits [R, V] float32 -> one token per row (see the module docstring for the order of operations)."""
+    logits = logits.astype(jnp.float32)
+    adjusted = apply_adjustments(logits, batch)  # [R, V]
+    tokens = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
+    if not batch.all_greedy:
+        tokens = jnp.where(batch.is_greedy, tokens, _random_sample(adjusted, batch))
+    if batch.num_logprobs == NO_LOGPROBS:
+        return SamplerOutput(tokens)
+    return _with_logprobs(tokens, jax.nn.log_softmax(logits, axis=-1), batch.num_logprobs)
+
+
+def apply_adjustments(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
+    """logit_bias / min_tokens masks, then vLLM's penalties, on each row's sparse token ids. [R, V] -> [R, V].
+
+    repetition: logits of tokens in prompt or output are divided by the penalty when > 0, else multiplied;
+    frequency: minus penalty x count in the output; presence: minus penalty once if in the output.
+    """
+    ids = batch.adjust_token_ids  # [R, L]
+    if ids.shape[1] == 0:
+        return logits
+    x = jnp.take_along_axis(logits, ids, axis=1, mode="fill", fill_value=0.0)  # [R, L]
+    x = x + batch.adjust_bias
+    rep = batch.repetition_penalty[:, None]
+    x = jnp.where(batch.adjust_seen, jnp.where(x > 0, x / rep, x * rep), x)
+    counts = batch.adjust_output_counts
+    x = x - batch.frequency_penalty[:, None] * counts - batch.presence_penalty[:, None] * (counts > 0)
+    rows = jnp.arange(ids.shape[0])[:, None]
+    return logits.at[rows, ids].set(x, mode="drop")  # ids are distinct per row; padding (= V) is dropped
+
+
+def _random_sample(adjusted: jax.Array, batch: SamplingBatch) -> jax.Array:
+    z = adjusted / batch.temperature[:, None]  # [R, V]
+    if batch.needs_filter:
+        z = apply_top_k_top_p_min_p(z, batch.top_k, batch.top_p, batch.min_p)
+    keys = _row_keys(batch.rng_key_data, batch.rng_stream, batch.rng_counter)
+    return jnp.argmax(z + gumbel_noise(keys, z.shape[1]), axis=-1).astype(jnp.int32)
+
+
+def apply_top_k_top_p_min_p(z: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array) -> jax.Array:
+    """Set to -inf the tokens dropped by min-p, then top-k, then top-p (vLLM's semantics). z [R, V] -> [R, V].
+
+    min-p keeps p >= min_p * p_max; top-k keeps logits >= the k-th largest (ties kept); top-p, over the
+    tokens left, keeps a token when the probability of the tokens strictly more likely is < top_p * their
+    total. Each keeps {z >= threshold}; top_k <= 0, top_p >= 1 or min_p <= 0 disables that cut.
+    """
+    num_candidates = min(NUM_CANDIDATES, z.shape[1])
+    z_max = _finite_max(z)  # [R]
+    candidates = lax.top_k(z, num_candidates)[0]  # [R, K], descending
+    cut_min_p = jnp.where(min_p > 0, z_max + jnp.log(min_p), -jnp.inf)
+    cut_top_k = _threshold(z, jnp.ones_like(z), candidates, jnp.ones_like(candidates),
+                           top_k.astype(jnp.float32), active=top_k > 0)
+    cut = jnp.maximum(cut_min_p, cut_top_k)  # [R]
+
+    mass = jnp.where(z >= cut[:, None], jnp.exp(z - z_max[:, None]), 0.0)  # [R, V] unnormalised, kept so far
+    candidate_mass = jnp.where(candidates >= cut[:, None], jnp.exp(candidates - z_max[:, None]), 0.0)
+    cut_top_p = _threshold(z, mass, candidates, candidate_mass, top_p * mass.sum(-1), active=top_p < 1)
+    cut = jnp.maximum(cut, cut_top_p)
+    return jnp.where(z >= cut[:, None], z, -jnp.inf)
+
+
+def _threshold(z, weights, candidates, candidate_weights, target, active):
+    """Per row, the largest logit x with sum(weights[z >= x]) >= target; -inf where not active.
+
+    z, weights [R, V]; candidates [R, K] the row's largest logits, descending, candidate_weights their weights;
+    target, active [R]. Read off the candidates when their weights reach the target, else bisection.
+    """
+    cumulative = jnp.cumsum(candidate_weights, axis=1)  # [R, K]
+    first = jnp.argmax(cumulative >= target[:, None], axis=1)  # [R]
+    from_candidates = jnp.take_along_axis(candidates, first[:, None], axis=1)[:, 0]
+    beyond = active & (cumulative[:, -1] < target)
+    cut = lax.cond(jnp.any(beyond),
+                   lambda: jnp.where(beyond, _bisect_threshold(z, weights, target), from_candidates),
+                   lambda: from_candidates)
+    return jnp.where(active, cut, -jnp.inf)
+
+
+def _bisect_threshold(z, weights, target):
+    """Exact `_threshold` over whole rows: bisection on the logits' order-preserving uint32 keys (32 passes).
+
+    Invariant: weight(keys >= lo) >= target > weight(keys >= hi); the answer is a logit of the row.
+    """
+    keys = _ordered_keys(z)  # [R, V]
+
+    def step(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        enough = jnp.where(keys >= mid[:, None], weights, 0).sum(-1) >= target
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    lo = jnp.zeros(z.shape[0], jnp.uint32)
+    lo, _ = lax.fori_loop(0, 32, step, (lo, keys.max(-1) + 1))
+    return _from_ordered_keys(lo)
+
+
+def _ordered_keys(x: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order (-0.0 is first made +0.0)."""
+    bits = lax.bitcast_convert_type(x + 0.0, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _from_ordered_keys(keys: jax.Array) -> jax.Array:
+    bits = jnp.where(keys >> 31 == 1, keys & jnp.uint32(0x7FFFFFFF), ~keys)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _finite_max(z: jax.Array) -> jax.Array:
+    """Row max, 0 for rows with no finite logit (so that z - max never makes NaN)."""
+    z_max = z.max(axis=-1)
+    return jnp.where(jnp.isfinite(z_max), z_max, 0.0)
+
+
+def _row_keys(key_data: jax.Array, stream: jax.Array, counter: jax.Array) -> jax.Array:
+    """[R, 2] key words of fold_in(fold_in(key(seed words), stream), counter), one per row."""
+
+    def one(data, s, c):
+        key = jax.random.wrap_key_data(data, impl="threefry2x32")
+        return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(key, s), c))
+
+    return jax.vmap(one)(key_data, stream, counter)
+
+
+def gumbel_noise(keys: jax.Array, vocab_size: int) -> jax.Array:
+    """Standard Gumbel noise [R, V] from per-row key words [R, 2]: two keyed rounds of the murmur3 finaliser
+    over the token id (a bijection of the id for a fixed key), 23 bits -> uniform in (0, 1)."""
+    ids = jnp.arange(vocab_size, dtype=jnp.uint32)[None, :]  # [1, V]
+    bits = _mix32(_mix32(ids * jnp.uint32(0x9E3779B9) ^ keys[:, :1]) ^ keys[:, 1:])  # [R, V]
+    uniform = ((bits >> 9).astype(jnp.float32) + 0.5) * (1.0 / (1 << 23))
+    return -jnp.log(-jnp.log(uniform))
+
+
+def _mix32(x: jax.Array) -> jax.Array:
+    x = (x ^ (x >> 16)) * jnp.uint32(0x85EBCA6B)
+    x = (x ^ (x >> 13)) * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _with_logprobs(tokens: jax.Array, logprobs: jax.Array, num_top: int) -> SamplerOutput:
+    """Sampled-token logprob and rank, and the top `num_top` logprobs, from logprobs [R, V]."""
+    sampled = jnp.take_along_axis(logprobs, tokens[:, None], axis=1)[:, 0]  # [R]
+    ranks = 1 + (logprobs > sampled[:, None]).sum(-1, dtype=jnp.int32)
+    if num_top:
+        top_logprobs, top_ids = lax.top_k(logprobs, num_top)  # [R, N]
+    else:
+        top_logprobs, top_ids = jnp.zeros((tokens.shape[0], 0), jnp.float32), jnp.zeros((tokens.shape[0], 0), jnp.int32)
+    return SamplerOutput(tokens, sampled, ranks, top_ids.astype(jnp.int32), top_logprobs)

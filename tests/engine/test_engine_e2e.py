@@ -1,0 +1,152 @@
+"""The engine end to end on a tiny random model: continuous batching must not change what a request generates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxllm import load_model
+from jaxllm.greedy import greedy_generate
+from jaxllm.llm import LLM
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
+from jaxllm.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, detokenize=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama3")[0]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.RandomState(0)
+    shared = rng.randint(3, 256, size=20).tolist()  # a common prefix: prefix-cache hits
+    return [rng.randint(3, 256, size=n).tolist() for n in (3, 9, 17, 30, 5, 41, 12, 7)] + \
+           [shared + [7, 8], shared + [9], shared + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir, prompts):
+    """One request at a time through the simple greedy loop (itself checked against HF generate)."""
+    loaded = load_model(model_dir)
+    return [greedy_generate(loaded, [p], max_tokens=GREEDY.max_tokens)[0] for p in prompts]
+
+
+def make_llm(model_dir, **kwargs):
+    defaults = dict(skip_tokenizer=True, max_model_len=128, block_size=4)
+    return LLM(str(model_dir), **{**defaults, **kwargs})
+
+
+def token_lists(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(max_num_seqs=16, max_num_batched_tokens=256),  # everything in one batch
+    dict(max_num_seqs=4, max_num_batched_tokens=16),  # chunked prefill, mixed steps, queueing
+    dict(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24),  # a tiny pool: preemption
+    dict(max_num_seqs=8, max_num_batched_tokens=64, enable_prefix_caching=False),
+], ids=["large-batch", "chunked", "preemption", "no-prefix-cache"])
+def test_batched_greedy_equals_one_at_a_time(settings, model_dir, prompts, expected):
+    llm = make_llm(model_dir, **settings)
+    for _ in range(2):  # the second round finds the first round's blocks in the prefix cache
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+        assert token_lists(outputs) == expected
+    stats = llm.engine.stats()
+    assert stats["kv_cache_usage"] == 0.0
+    if settings.get("enable_prefix_caching", True):
+        assert stats["prefix_cache_hits"] > 0
+
+
+def test_preemption_happens_and_output_is_unchanged(model_dir, prompts, expected):
+    llm = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24)
+    preempted = []
+    original = llm.engine.scheduler._preempt
+
+    def spy(victim, chunks):
+        preempted.append(victim.request_id)
+        original(victim, chunks)
+
+    llm.engine.scheduler._preempt = spy
+    assert token_lists(llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)) == expected
+    assert preempted, "the tiny pool was meant to force preemption"
+
+
+def test_seeded_sampling_is_independent_of_batch_and_n_shares_it(model_dir, prompts):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=7, ignore_eos=True, detokenize=False)
+    alone = make_llm(model_dir, max_num_seqs=1).generate({"prompt_token_ids": prompts[2]}, params, use_tqdm=False)
+    crowd = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=32)
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    unseeded = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, detokenize=False)
+    outputs = crowd.generate(batch, [params if i == 2 else unseeded for i in range(len(batch))], use_tqdm=False)
+    assert outputs[2].outputs[0].token_ids == alone[0].outputs[0].token_ids
+    # n = 3: sample i equals a single request seeded with seed + i
+    fan = crowd.generate({"prompt_token_ids": prompts[2]}, SamplingParams(
+        n=3, temperature=1.0, top_p=0.9, max_tokens=10, seed=7, ignore_eos=True, detokenize=False), use_tqdm=False)
+    assert [c.index for c in fan[0].outputs] == [0, 1, 2]
+    assert fan[0].outputs[0].token_ids == alone[0].outputs[0].token_ids
+    for i in (1, 2):
+        single = crowd.generate({"prompt_token_ids": prompts[2]}, SamplingParams(
+            temperature=1.0, top_p=0.9, max_tokens=10, seed=7 + i, ignore_eos=True, detokenize=False),
+            use_tqdm=False)
+        assert fan[0].outputs[i].token_ids == single[0].outputs[0].token_ids
+    assert len({tuple(c.token_ids) for c in fan[0].outputs}) > 1
+
+
+def test_logprobs_are_log_softmax_of_model_logits(model_dir):
+    llm = make_llm(model_dir)
+    prompt = [5, 17, 99, 3, 42, 8]
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+        temperature=0.0, max_tokens=3, logprobs=5, prompt_logprobs=2, ignore_eos=True, detokenize=False),
+        use_tqdm=False)[0]
+    loaded = load_model(model_dir)
+    tokens = prompt + out.outputs[0].token_ids
+    kv = init_kv_cache(loaded.config, 8, 16)
+    batch = build_step_batch([SequenceChunk(tokens, 0, [1, 2], want_logits="all")], 16)
+    logits, _ = jit_forward(loaded.config)(loaded.params, kv, batch)
+    logits = np.asarray(logits, np.float64)
+    logprobs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    for step, entry in enumerate(out.outputs[0].logprobs):
+        row = logprobs[len(prompt) - 1 + step]
+        top5 = np.argsort(-row)[:5]
+        assert list(entry)[:5] == top5.tolist()
+        for token, lp in entry.items():
+            assert lp.logprob == pytest.approx(row[token], abs=1e-4)
+            assert lp.rank == 1 + int((row > row[token]).sum())
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for pos, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        assert entry[prompt[pos]].logprob == pytest.approx(logprobs[pos - 1][prompt[pos]], abs=1e-4)
+    assert out.outputs[0].cumulative_logprob == pytest.approx(
+        sum(logprobs[len(prompt) - 1 + i][t] for i, t in enumerate(out.outputs[0].token_ids)), abs=1e-3)
+
+
+def test_long_mixed_workload_compiles_only_bucket_shapes(model_dir):
+    llm = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=32)
+    rng = np.random.RandomState(1)
+    prompts = [{"prompt_token_ids": rng.randint(3, 256, size=rng.randint(1, 60)).tolist()} for _ in range(40)]
+    params = [SamplingParams(temperature=float(rng.rand() > 0.5), max_tokens=int(rng.randint(1, 30)),
+                             ignore_eos=True, detokenize=False) for _ in prompts]
+    llm.generate(prompts, params, use_tqdm=False)
+    runner = llm.engine.runner
+    bucket_set = set(runner.buckets.all_shapes())
+    assert runner.step_shapes <= bucket_set
+    # one program per (shape, sampling variant): greedy-only and random-only steps at most double it
+    assert runner.num_compiled_programs <= 3 * len(runner.step_shapes)
+    before = runner.num_compiled_programs
+    llm.generate(prompts, params, use_tqdm=False)  # the same workload again compiles nothing new
+    assert runner.num_compiled_programs == before
+
+
+def test_requests_that_cannot_fit_are_rejected_and_nothing_is_left_behind(model_dir):
+    llm = make_llm(model_dir)
+    with pytest.raises(ValueError, match=r"prompt \(100 tokens\) \+ max_tokens \(100\) = 200 exceeds max_model_len"):
+        llm.generate([{"prompt_token_ids": [1] * 5}, {"prompt_token_ids": [1] * 100}],
+                     SamplingParams(max_tokens=100, detokenize=False), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match=r"prompt_token_ids\[1\] = 999 is not a token id in \[0, 256\)"):
+        llm.generate({"prompt_token_ids": [1, 999]}, use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate({"prompt_token_ids": []}, use_tqdm=False)
