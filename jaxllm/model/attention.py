@@ -1,4 +1,10 @@
-"""Attention backends behind one interface: (q, k_pool, v_pool, layer, batch, sm_scale) -> [T, Hq, D]."""
+"""Attention backends behind one interface: (q, k_pool, v_pool, layer, batch, sm_scale) -> [T, Hq, D].
+
+    reference   plain jnp (pallas_kernels/paged_attention/reference.py): the CPU path and the ground truth
+    pallas      the Pallas GPU kernels: split-KV for decode-only steps, the ragged kernel otherwise; runs in
+                interpret mode when the default backend is not a GPU (slow: for tests)
+    auto        pallas on GPU, reference elsewhere
+"""
 
 from __future__ import annotations
 
@@ -7,19 +13,32 @@ from typing import Callable
 import jax
 
 from jaxllm.model.step_batch import StepBatch
-from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
+from pallas_kernels.paged_attention import (ragged_paged_attention, ragged_paged_attention_reference,
+                                            split_kv_paged_attention)
 
 
 def reference_attention(q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
     return ragged_paged_attention_reference(
         q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc,
-        max_query_len=batch.max_query_len, sm_scale=sm_scale)
+        max_query_len=batch.max_query_len, sm_scale=sm_scale, num_prefill_rows=batch.num_prefill_rows)
 
 
-ATTENTION_BACKENDS: dict[str, Callable] = {"reference": reference_attention}
+def pallas_attention(q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
+    kernel = split_kv_paged_attention if batch.max_query_len == 1 else ragged_paged_attention
+    return kernel(q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc,
+                  max_query_len=batch.max_query_len, sm_scale=sm_scale, interpret=not _on_gpu())
+
+
+ATTENTION_BACKENDS: dict[str, Callable] = {"reference": reference_attention, "pallas": pallas_attention}
 
 
 def get_attention(name: str) -> Callable:
+    if name == "auto":
+        name = "pallas" if _on_gpu() else "reference"
     if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention backend {name!r} is unknown; choose one of {sorted(ATTENTION_BACKENDS)}")
+        raise ValueError(f"attention backend {name!r} is unknown; choose one of {sorted(ATTENTION_BACKENDS)} or 'auto'")
     return ATTENTION_BACKENDS[name]
+
+
+def _on_gpu() -> bool:
+    return jax.default_backend() == "gpu"

@@ -62,6 +62,6 @@ def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig):
     return q, k, v
 
 
-def jit_forward(config: ModelConfig, attention: str = "reference"):
+def jit_forward(config: ModelConfig, attention: str = "auto"):
     """The jitted step: forward(params, kv_cache, batch) with the cache donated (updated in place)."""
     return jax.jit(functools.partial(forward, config=config, attention=attention), donate_argnums=(1,))

@@ -1,0 +1,66 @@
+"""Reference paged attention on the CPU: time of one layer's decode step vs batch size and context length.
+
+    python benchmarks/attention_cpu.py [--batch-sizes 1 8 32 64] [--contexts 128 512 2048 4096] [--dtype float32]
+
+The attention shape is the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64), block size 16.
+Prints a markdown table: median milliseconds per layer call, the same times the model's 30 layers, and the KV bytes
+the call must read per second of its time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from pallas_kernels.paged_attention import ragged_paged_attention_reference  # noqa: E402
+from pallas_kernels.paged_attention.testing import random_ragged_case  # noqa: E402
+
+LAYOUT = dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16)
+NUM_LAYERS = 30
+
+
+def time_decode(batch: int, context: int, dtype, repeats: int) -> tuple[float, int]:
+    """(median seconds per call, KV bytes read per call) for `batch` sequences of one query token each."""
+    case = random_ragged_case(0, [(1, context)] * batch, dtype=dtype, num_layers=1, **LAYOUT)
+    attend = jax.jit(functools.partial(ragged_paged_attention_reference, max_query_len=1,
+                                       sm_scale=LAYOUT["head_dim"] ** -0.5))
+    jax.block_until_ready(attend(*case.args()))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(attend(*case.args()))
+        times.append(time.perf_counter() - start)
+    kv_bytes = 2 * batch * context * LAYOUT["num_kv_heads"] * LAYOUT["head_dim"] * jnp.dtype(dtype).itemsize
+    return statistics.median(times), kv_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048, 4096])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs, {args.dtype}\n")
+    print("| batch | context | ms / layer | ms / step (30 layers) | KV read GB/s |")
+    print("|---:|---:|---:|---:|---:|")
+    for batch in args.batch_sizes:
+        for context in args.contexts:
+            sec, kv_bytes = time_decode(batch, context, jnp.dtype(args.dtype), args.repeats)
+            ms = sec * 1e3
+            print(f"| {batch} | {context} | {ms:.3f} | {ms * NUM_LAYERS:.1f} | {kv_bytes / sec / 1e9:.2f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

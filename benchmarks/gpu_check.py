@@ -1,0 +1,397 @@
+"""GPU check of the paged-attention kernels: correctness against the reference, kernel and end-to-end timings.
+
+    python benchmarks/gpu_check.py                # one H200: at most ~7 minutes (--budget-s 400 + start-up)
+    python benchmarks/gpu_check.py --cpu-smoke    # the same code path with tiny shapes, interpret mode, on a CPU
+
+Run from the repository root (the repository is put on sys.path; nothing needs installing). Sections run one after
+the other, each in its own try block, so a failing section is reported and the rest still run:
+
+    correctness   each kernel vs the reference (f32 reference at highest matmul precision), Llama-3-8B shapes
+                  among others; unused pool slots hold NaN, so a kernel that reads a masked lane fails
+    kernels       median time per call of the reference (XLA), the ragged kernel and the split-KV kernel on
+                  decode and prefill steps, decode bandwidth against the H200's 4.8 TB/s, and the time of the XLA
+                  scatter that writes the step's K/V (it stays outside the kernels)
+    end_to_end    decode step time of a random-weight Llama-3-8B-shaped model in bf16 at batch 1, 64 and 256
+                  through jit_forward, pallas vs reference attention
+    tuning        kernel time for a few settings of the tiling knobs, to pick the defaults from measurements
+
+Each section starts no new measurement once its share of --budget-s is spent.
+
+Results go to $OUT/gpu_check.json (default ./gpu_check_out); a summary table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxllm.config import ModelConfig  # noqa: E402
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params  # noqa: E402
+from jaxllm.model.kv_cache import write_kv  # noqa: E402
+from pallas_kernels.paged_attention import (ragged_paged_attention, ragged_paged_attention_reference,  # noqa: E402
+                                            split_kv_paged_attention)
+from pallas_kernels.paged_attention.testing import (poison_unused_slots, random_ragged_case,  # noqa: E402
+                                                    reference_output, relative_error)
+
+PEAK_HBM_BYTES_S = 4.8e12  # H200
+BLOCK_SIZE = 16
+LLAMA3_8B_ATTN = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=BLOCK_SIZE)
+SMOLLM2_ATTN = dict(num_q_heads=9, num_kv_heads=3, head_dim=64)
+GPU_TOLERANCE = {"float32": 1e-2, "bfloat16": 3e-2}  # f32 dots run as TF32 inside the kernels
+LLAMA3_8B = ModelConfig(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                        num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0)
+TINY = ModelConfig(architecture="llama", vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                   num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    attn: dict  # attention layout of the kernel benchmarks
+    correctness: tuple  # (name, kernels, [(q_len, context)], layout overrides)
+    decode: tuple  # (batch, context) per decode benchmark
+    prefill: tuple  # (name, [(q_len, context)]) per prefill / mixed benchmark
+    model: ModelConfig
+    e2e_batches: tuple
+    e2e_context: int
+    tuning: tuple  # (kernel, name, [(q_len, context)], [knob overrides]) per knob sweep
+    iters: int  # calls per timing loop
+    repeats: int  # timing loops; the median is reported
+
+
+GPU = Profile(
+    attn=LLAMA3_8B_ATTN,
+    correctness=(
+        ("llama3_8b_mixed", ("ragged",), [(1, 1000), (1, 17), (128, 128), (37, 300), (1, 4000)], {}),
+        ("llama3_8b_decode", ("ragged", "split_kv"), [(1, c) for c in (1, 16, 17, 333, 1000, 4096)], {}),
+        ("llama3_8b_long_prefill", ("ragged",), [(1024, 2048), (300, 300)], {}),
+        ("smollm2_mixed", ("ragged",), [(1, 500), (64, 64), (9, 90)], SMOLLM2_ATTN),
+        ("smollm2_decode", ("split_kv",), [(1, 500), (1, 3), (1, 2049)], SMOLLM2_ATTN),
+        ("mha_block32", ("ragged", "split_kv"), [(1, 700), (1, 33)], dict(num_q_heads=8, num_kv_heads=8,
+                                                                           block_size=32)),
+    ),
+    decode=((1, 1024), (1, 8192), (64, 1024), (64, 4096), (256, 1024), (256, 2048)),
+    prefill=(
+        ("4x512 prompts", [(512, 512)] * 4),
+        ("chunk 512 @2048 + 63 decode @1024", [(512, 2048)] + [(1, 1024)] * 63),
+        ("2048 prompt", [(2048, 2048)]),
+    ),
+    model=LLAMA3_8B,
+    e2e_batches=(1, 64, 256),
+    e2e_context=1024,
+    tuning=(
+        ("split_kv", "decode b8 ctx8192", [(1, 8192)] * 8,
+         [dict(block_kv=32), {}, dict(block_kv=128), dict(num_warps=8), dict(block_kv=128, num_warps=8),
+          dict(num_stages=3), dict(num_splits=16), dict(num_splits=64)]),
+        ("ragged", "decode b64 ctx4096", [(1, 4096)] * 64,
+         [dict(block_kv=32), {}, dict(block_kv=128), dict(num_warps=8), dict(num_stages=3)]),
+        ("ragged", "prefill 2048", [(2048, 2048)],
+         [{}, dict(block_kv=32), dict(block_kv=128), dict(block_q=32), dict(block_q=32, num_warps=8),
+          dict(block_q=32, block_kv=32, num_warps=8), dict(num_stages=3)]),
+    ),
+    iters=20,
+    repeats=5,
+)
+
+SMOKE = Profile(
+    attn=dict(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=BLOCK_SIZE),
+    correctness=(("tiny_mixed", ("ragged",), [(1, 40), (9, 20)], {}),
+                 ("tiny_decode", ("split_kv",), [(1, 40), (1, 3)], {})),
+    decode=((2, 64),),
+    prefill=(("prompt 32", [(32, 32)]),),
+    model=TINY,
+    e2e_batches=(2,),
+    e2e_context=24,
+    tuning=(("split_kv", "decode b2 ctx64", [(1, 64)] * 2, [dict(block_kv=16, num_splits=2)]),),
+    iters=1,
+    repeats=1,
+)
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def kernel_fn(name: str, max_query_len: int, sm_scale: float, interpret: bool):
+    """Attention function (q, k_pool, v_pool, layer, tables, context_lens, query_start_loc) -> [T, Hq, D]."""
+    kernels = {"reference": ragged_paged_attention_reference, "ragged": ragged_paged_attention,
+               "split_kv": split_kv_paged_attention}
+    extra = {} if name == "reference" else dict(interpret=interpret)
+    return functools.partial(kernels[name], max_query_len=max_query_len, sm_scale=sm_scale, **extra)
+
+
+def median_call_seconds(fn, args, profile: Profile) -> float:
+    """Median over `repeats` timing loops of `iters` back-to-back calls run inside one jitted loop, per call.
+
+    fn maps args -> an array shaped like args[0]; each call feeds its output into the next one, so nothing is hoisted
+    and there is no per-call dispatch overhead in the figure.
+    """
+    loop = jax.jit(lambda first, *rest: jax.lax.fori_loop(0, profile.iters, lambda _, x: fn(x, *rest), first))
+    jax.block_until_ready(loop(*args))  # compile and warm up
+    times = []
+    for _ in range(profile.repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(loop(*args))
+        times.append((time.perf_counter() - start) / profile.iters)
+    return statistics.median(times)
+
+
+def measured(row: dict, measure) -> dict:
+    """`row` updated with the dict measure() returns, or with the error it raised: one failure hides nothing else."""
+    try:
+        row.update(measure())
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        log(f"  FAILED {row}\n{traceback.format_exc()}")
+    else:
+        log("  " + "  ".join(f"{k}={_fmt(v)}" for k, v in row.items()))
+    return row
+
+
+def out_of_time(deadline: float, section: str) -> bool:
+    if time.time() < deadline:
+        return False
+    log(f"  {section}: out of its time budget, skipping the rest")
+    return True
+
+
+def uniform_case(profile: Profile, seqs, dtype=jnp.bfloat16, **layout):
+    return random_ragged_case(0, seqs, dtype=dtype, num_layers=1, device_rng=True, **dict(profile.attn, **layout))
+
+
+# ---------------------------------------------------------------------------------------------------- sections
+
+
+def section_environment(interpret: bool) -> list[dict]:
+    device = jax.devices()[0]
+    return [{"jax": jax.__version__, "backend": jax.default_backend(), "device": device.device_kind,
+             "num_devices": jax.device_count(), "python": sys.version.split()[0], "interpret": interpret}]
+
+
+def section_correctness(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
+    """Each kernel on a NaN-poisoned pool vs the reference on the clean one; padding tokens must come out 0."""
+    rows = []
+    for name, kernels, seqs, layout in profile.correctness:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            if out_of_time(deadline, "correctness"):
+                return rows
+            case = random_ragged_case(len(rows), seqs, dtype=dtype, pad_seqs=2, pad_tokens=3,
+                                      **dict(profile.attn, **layout))
+            sm_scale = case.q.shape[-1] ** -0.5
+            with jax.default_matmul_precision("highest"):
+                expected = reference_output(case, sm_scale)
+            poisoned = poison_unused_slots(case, float("nan"))
+            tol = GPU_TOLERANCE[jnp.dtype(dtype).name]
+            for kernel in kernels:
+                row = {"case": name, "kernel": kernel, "dtype": jnp.dtype(dtype).name, "tol": tol, "ok": False}
+                attend = jax.jit(kernel_fn(kernel, case.max_query_len, sm_scale, interpret))
+                rows.append(measured(row, functools.partial(compare, attend, poisoned, expected, tol)))
+    return rows
+
+
+def compare(attend, case, expected: np.ndarray, tol: float) -> dict:
+    """attend(*case.args()) vs expected on the valid tokens; the padding tokens' rows must be zeros."""
+    out = np.asarray(attend(*case.args()), np.float32)
+    valid = case.num_valid_tokens
+    err = relative_error(out[:valid], expected[:valid])
+    return {"rel_err": err, "ok": bool(err < tol and np.all(out[valid:] == 0))}
+
+
+def section_kernels(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
+    """Decode: reference vs both kernels, bandwidth; prefill/mixed: reference vs the ragged kernel; K/V write."""
+    rows = []
+    for batch, context in profile.decode:
+        if out_of_time(deadline, "kernels"):
+            return rows
+        case = uniform_case(profile, [(1, context)] * batch)
+        _, _, num_kv_heads, _, head_dim = case.k_pool.shape
+        moved = (2 * batch * context * num_kv_heads * head_dim + 2 * case.q.size) * case.q.dtype.itemsize
+        for impl in ("reference", "ragged", "split_kv"):
+            row = {"kind": "decode", "case": f"b{batch} ctx{context}", "impl": impl}
+            rows.append(measured(row, functools.partial(call_time, kernel_fn(impl, 1, 0.1, interpret), case, profile,
+                                                        bytes_moved=moved)))
+        rows.append(measured({"kind": "kv_write", "case": f"b{batch} ctx{context}", "impl": "xla_scatter"},
+                             functools.partial(kv_write_time, case, profile)))
+    for name, seqs in profile.prefill:
+        if out_of_time(deadline, "kernels"):
+            return rows
+        case = uniform_case(profile, seqs)
+        flops = sum(4 * case.q.shape[1] * case.q.shape[2] * sum(range(c - q + 1, c + 1)) for q, c in seqs)
+        for impl in ("reference", "ragged"):
+            rows.append(measured({"kind": "prefill", "case": name, "impl": impl}, functools.partial(
+                call_time, kernel_fn(impl, case.max_query_len, 0.1, interpret), case, profile, flops=flops)))
+        rows.append(measured({"kind": "kv_write", "case": name, "impl": "xla_scatter"},
+                             functools.partial(kv_write_time, case, profile)))
+    return rows
+
+
+def call_time(attend, case, profile: Profile, *, bytes_moved: int = 0, flops: int = 0) -> dict:
+    """Median time of attend(*case.args()) and the bandwidth or compute rate it implies."""
+    sec = median_call_seconds(attend, case.args(), profile)
+    row = {"ms": sec * 1e3}
+    if bytes_moved:
+        row.update({"GB/s": bytes_moved / sec / 1e9, "%peak_hbm": 100 * bytes_moved / sec / PEAK_HBM_BYTES_S})
+    if flops:
+        row["TFLOP/s"] = flops / sec / 1e12
+    return row
+
+
+def kv_write_time(case, profile: Profile) -> dict:
+    """Time of the XLA scatter that writes one layer's K/V for the case's tokens (in place: the pools are donated)."""
+    num_tokens, _, head_dim = case.q.shape
+    num_kv_heads = case.k_pool.shape[2]
+    slots = jnp.arange(num_tokens, dtype=jnp.int32) + BLOCK_SIZE  # past the null block
+    new = jnp.ones((num_tokens, num_kv_heads, head_dim), case.k_pool.dtype)
+    write = lambda pools: write_kv(*pools, 0, slots, new, new)
+    loop = jax.jit(lambda pools: jax.lax.fori_loop(0, profile.iters, lambda _, p: write(p), pools), donate_argnums=0)
+    pools = jax.block_until_ready(loop((jnp.copy(case.k_pool), jnp.copy(case.v_pool))))
+    times = []
+    for _ in range(profile.repeats):
+        start = time.perf_counter()
+        pools = jax.block_until_ready(loop(pools))
+        times.append((time.perf_counter() - start) / profile.iters)
+    return {"ms": statistics.median(times) * 1e3}
+
+
+def section_end_to_end(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
+    """Decode steps of the random-weight model through jit_forward, pallas vs reference attention, per batch size."""
+    del interpret  # the attention backend picks interpret mode itself off a GPU
+    config, context = profile.model, profile.e2e_context
+    start = time.perf_counter()
+    params = jax.block_until_ready(jax.jit(random_params, static_argnums=(0, 2))(config, jax.random.key(0),
+                                                                                 jnp.bfloat16))
+    log(f"  random {config.num_layers}-layer bf16 params in {time.perf_counter() - start:.1f} s")
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    rows = []
+    for batch in profile.e2e_batches:
+        chunks = [SequenceChunk([7], context - 1, list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+                  for i in range(batch)]
+        step = jax.device_put(build_step_batch(chunks, BLOCK_SIZE))
+        for attention in ("pallas", "reference"):
+            if out_of_time(deadline, "end_to_end"):
+                return rows
+            row = {"batch": batch, "context": context, "attention": attention}
+            rows.append(measured(row, functools.partial(decode_steps, config, attention, params, step,
+                                                        1 + batch * blocks_per_seq, profile)))
+    return rows
+
+
+def decode_steps(config: ModelConfig, attention: str, params, step, num_blocks: int, profile: Profile) -> dict:
+    """Median decode step time; each step writes its K/V into a donated cache of num_blocks blocks."""
+    forward = jit_forward(config, attention=attention)
+    cache = init_kv_cache(config, num_blocks, BLOCK_SIZE, jnp.bfloat16)
+    start = time.perf_counter()
+    logits, cache = forward(params, cache, step)
+    logits.block_until_ready()
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(max(profile.iters // 2, 1) * profile.repeats):
+        start = time.perf_counter()
+        logits, cache = forward(params, cache, step)
+        logits.block_until_ready()
+        times.append(time.perf_counter() - start)
+    sec = statistics.median(times)
+    return {"step_ms": sec * 1e3, "tokens_per_s": len(step.context_lens) / sec, "compile_s": compile_s}
+
+
+def section_tuning(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
+    """Kernel time for a few knob settings ({} = the defaults), to choose the defaults from measurements."""
+    rows = []
+    for kernel, name, seqs, knob_sets in profile.tuning:
+        case = uniform_case(profile, seqs)
+        for knobs in knob_sets:
+            if out_of_time(deadline, "tuning"):
+                return rows
+            attend = functools.partial(kernel_fn(kernel, case.max_query_len, 0.1, interpret), **knobs)
+            row = {"case": name, "kernel": kernel, "knobs": knobs or "defaults"}
+            rows.append(measured(row, functools.partial(call_time, attend, case, profile)))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+
+
+def run_sections(profile: Profile, interpret: bool, budget_s: float) -> dict:
+    """Run every section; each may start new measurements until its share of the budget (cumulative) is used."""
+    start = time.time()
+    sections = [  # (name, run, end of its time window as a fraction of the budget)
+        ("environment", lambda deadline: section_environment(interpret), 0.0),
+        ("correctness", lambda deadline: section_correctness(profile, interpret, deadline), 0.25),
+        ("kernels", lambda deadline: section_kernels(profile, interpret, deadline), 0.5),
+        ("end_to_end", lambda deadline: section_end_to_end(profile, interpret, deadline), 0.85),
+        ("tuning", lambda deadline: section_tuning(profile, interpret, deadline), 1.0),
+    ]
+    results = {}
+    for name, run, end in sections:
+        log(f"section {name}")
+        section_start = time.perf_counter()
+        try:
+            results[name] = {"status": "ok", "rows": run(start + end * budget_s)}
+        except Exception:  # noqa: BLE001 - one failing section must not stop the others
+            results[name] = {"status": "error", "rows": [], "error": traceback.format_exc()}
+            log(f"section {name} FAILED:\n{results[name]['error']}")
+        results[name]["seconds"] = time.perf_counter() - section_start
+    return results
+
+
+def summary_table(results: dict) -> str:
+    """One aligned table per section."""
+    lines = []
+    for name, section in results.items():
+        lines.append(f"== {name}: {section['status']} ({section['seconds']:.0f} s)")
+        rows = section["rows"]
+        if not rows:
+            continue
+        keys = list(dict.fromkeys(key for row in rows for key in row))
+        cells = [keys] + [[_fmt(row.get(key, "")) for key in keys] for row in rows]
+        widths = [max(len(line[i]) for line in cells) for i in range(len(keys))]
+        lines += ["   " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) for line in cells]
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu-smoke", "--dry-run", action="store_true",
+                        help="tiny shapes in interpret mode on the CPU: exercises everything but the GPU")
+    parser.add_argument("--budget-s", type=float, default=400.0, help="stop starting new measurements after this")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        jax.config.update("jax_platforms", "cpu")
+    elif jax.default_backend() != "gpu":
+        parser.error(f"no GPU (default backend {jax.default_backend()!r}); use --cpu-smoke")
+    profile, interpret = (SMOKE, True) if args.cpu_smoke else (GPU, False)
+
+    results = run_sections(profile, interpret, args.budget_s)
+    out_dir = os.environ.get("OUT", "gpu_check_out")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    print(summary_table(results), flush=True)
+    failed = [name for name, s in results.items() if s["status"] != "ok"]
+    failed += [f"{name}: {row}" for name, s in results.items() for row in s["rows"]
+               if "error" in row or row.get("ok") is False]
+    log(f"wrote {out_dir}/gpu_check.json; " + (f"FAILED: {failed}" if failed else "all sections ok"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

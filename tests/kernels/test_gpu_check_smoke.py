@@ -1,0 +1,25 @@
+"""The GPU check script runs end to end on a CPU (--cpu-smoke: tiny shapes, interpret mode), reporting every section."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_gpu_check_cpu_smoke(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "gpu_check.py"), "--cpu-smoke"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert list(results) == ["environment", "correctness", "kernels", "end_to_end", "tuning"]
+    for name, section in results.items():
+        assert section["status"] == "ok" and section["rows"], name
+    assert all(row["ok"] for row in results["correctness"]["rows"])
+    assert {row["impl"] for row in results["kernels"]["rows"]} == {"reference", "ragged", "split_kv", "xla_scatter"}
+    assert {row["attention"] for row in results["end_to_end"]["rows"]} == {"pallas", "reference"}
+    assert "== end_to_end: ok" in proc.stdout
