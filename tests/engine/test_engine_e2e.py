@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxllm import load_model
-from jaxllm.greedy import greedy_generate
+from tests.greedy_reference import greedy_generate
 from jaxllm.llm import LLM
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
 from jaxllm.sampling_params import SamplingParams
