@@ -5,13 +5,17 @@ Order, as vLLM v1:
   2. sparse adjustments: logit_bias, min_tokens (-inf on EOS / stop ids), then the repetition, frequency and
      presence penalties;
   3. greedy rows take the argmax; the others divide by their temperature, drop tokens by min-p, top-k and
-     top-p (in that order), and sample with the Gumbel-max trick.
+     top-p (in that order), and sample with the Gumbel-max trick in its exponential-race form:
+     argmax_i p_i / E_i with E_i ~ Exp(1), i.e. argmax_i log p_i + G_i with G_i = -log E_i Gumbel (as vLLM).
 
 Filtering never sorts the vocabulary: each cut is a threshold on the row's logits, read off the row's top
-NUM_CANDIDATES logits (lax.top_k) when the kept set lies within them, else found exactly by bisection over the
-whole row (only when some row needs it, under lax.cond). The Gumbel noise is a keyed integer hash of
-(row key, token id); the row key is derived with jax.random from (seed, stream, tokens generated so far).
-A threefry draw per logit costs ~5x more on CPU, and the noise then depends on nothing but the row key.
+NUM_CANDIDATES logits (lax.top_k) when the kept set lies within them, else found exactly by bisection over
+the whole row, BISECT_ROWS rows at a time and only for the rows that need it.
+
+The noise is a keyed integer hash of (row key, token id); the row key is derived with jax.random from
+(seed, stream, tokens generated so far), so a row's noise depends on nothing else. On CPU this costs a
+fraction of a threefry draw per logit (benchmarks/sampler_cpu.py), and the race needs one log per logit where
+Gumbel noise -log(-log u) needs two.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from jax import lax
 from jaxllm.sampling_batch import NO_LOGPROBS, SamplingBatch
 
 NUM_CANDIDATES = 256  # logits per row searched for the top-k / top-p cut before falling back to bisection
+BISECT_ROWS = 16  # rows bisected together when their cut lies beyond the candidates
 
 
 @struct.dataclass
@@ -80,7 +85,8 @@ def _random_sample(adjusted: jax.Array, batch: SamplingBatch) -> jax.Array:
     if batch.needs_filter:
         z = apply_top_k_top_p_min_p(z, batch.top_k, batch.top_p, batch.min_p)
     keys = _row_keys(batch.rng_key_data, batch.rng_stream, batch.rng_counter)
-    return jnp.argmax(z + gumbel_noise(keys, z.shape[1]), axis=-1).astype(jnp.int32)
+    probs = jnp.exp(z - z.max(axis=-1, keepdims=True))  # [R, V] unnormalised; 0 where masked
+    return jnp.argmax(probs / exponential_noise(keys, z.shape[1]), axis=-1).astype(jnp.int32)
 
 
 def apply_top_k_top_p_min_p(z: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array) -> jax.Array:
@@ -91,15 +97,15 @@ def apply_top_k_top_p_min_p(z: jax.Array, top_k: jax.Array, top_p: jax.Array, mi
     total. Each keeps {z >= threshold}; top_k <= 0, top_p >= 1 or min_p <= 0 disables that cut.
     """
     num_candidates = min(NUM_CANDIDATES, z.shape[1])
-    z_max = _finite_max(z)  # [R]
+    z_max = z.max(axis=-1, keepdims=True)  # [R, 1]
     candidates = lax.top_k(z, num_candidates)[0]  # [R, K], descending
-    cut_min_p = jnp.where(min_p > 0, z_max + jnp.log(min_p), -jnp.inf)
+    cut_min_p = jnp.where(min_p > 0, z_max[:, 0] + jnp.log(min_p), -jnp.inf)
     cut_top_k = _threshold(z, jnp.ones_like(z), candidates, jnp.ones_like(candidates),
                            top_k.astype(jnp.float32), active=top_k > 0)
     cut = jnp.maximum(cut_min_p, cut_top_k)  # [R]
 
-    mass = jnp.where(z >= cut[:, None], jnp.exp(z - z_max[:, None]), 0.0)  # [R, V] unnormalised, kept so far
-    candidate_mass = jnp.where(candidates >= cut[:, None], jnp.exp(candidates - z_max[:, None]), 0.0)
+    mass = jnp.where(z >= cut[:, None], jnp.exp(z - z_max), 0.0)  # [R, V] unnormalised, kept so far
+    candidate_mass = jnp.where(candidates >= cut[:, None], jnp.exp(candidates - z_max), 0.0)
     cut_top_p = _threshold(z, mass, candidates, candidate_mass, top_p * mass.sum(-1), active=top_p < 1)
     cut = jnp.maximum(cut, cut_top_p)
     return jnp.where(z >= cut[:, None], z, -jnp.inf)
@@ -109,16 +115,31 @@ def _threshold(z, weights, candidates, candidate_weights, target, active):
     """Per row, the largest logit x with sum(weights[z >= x]) >= target; -inf where not active.
 
     z, weights [R, V]; candidates [R, K] the row's largest logits, descending, candidate_weights their weights;
-    target, active [R]. Read off the candidates when their weights reach the target, else bisection.
+    target, active [R]. Read off the candidates when their weights reach the target, else found by bisection.
     """
     cumulative = jnp.cumsum(candidate_weights, axis=1)  # [R, K]
     first = jnp.argmax(cumulative >= target[:, None], axis=1)  # [R]
     from_candidates = jnp.take_along_axis(candidates, first[:, None], axis=1)[:, 0]
     beyond = active & (cumulative[:, -1] < target)
-    cut = lax.cond(jnp.any(beyond),
-                   lambda: jnp.where(beyond, _bisect_threshold(z, weights, target), from_candidates),
+    cut = lax.cond(jnp.any(beyond),  # the guard skips the loop's fixed cost (~10 ms on CPU) when idle
+                   lambda: jnp.where(beyond, _bisect_rows(z, weights, target, beyond), from_candidates),
                    lambda: from_candidates)
     return jnp.where(active, cut, -jnp.inf)
+
+
+def _bisect_rows(z, weights, target, rows_wanted):
+    """`_bisect_threshold` of the rows where rows_wanted [R], BISECT_ROWS rows at a time."""
+    num_rows = z.shape[0]
+
+    def body(state):
+        pending, cut = state
+        rows = jnp.nonzero(pending, size=min(BISECT_ROWS, num_rows), fill_value=num_rows)[0]  # [B]; R: none
+        take = jnp.minimum(rows, num_rows - 1)
+        found = _bisect_threshold(z[take], weights[take], target[take])  # [B]
+        return pending.at[rows].set(False, mode="drop"), cut.at[rows].set(found, mode="drop")
+
+    _, cut = lax.while_loop(lambda state: jnp.any(state[0]), body, (rows_wanted, jnp.zeros(num_rows, z.dtype)))
+    return cut
 
 
 def _bisect_threshold(z, weights, target):
@@ -126,7 +147,7 @@ def _bisect_threshold(z, weights, target):
 
     Invariant: weight(keys >= lo) >= target > weight(keys >= hi); the answer is a logit of the row.
     """
-    keys = _ordered_keys(z)  # [R, V]
+    keys = _ordered_keys(z)  # [B, V]
 
     def step(_, bounds):
         lo, hi = bounds
@@ -150,12 +171,6 @@ def _from_ordered_keys(keys: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _finite_max(z: jax.Array) -> jax.Array:
-    """Row max, 0 for rows with no finite logit (so that z - max never makes NaN)."""
-    z_max = z.max(axis=-1)
-    return jnp.where(jnp.isfinite(z_max), z_max, 0.0)
-
-
 def _row_keys(key_data: jax.Array, stream: jax.Array, counter: jax.Array) -> jax.Array:
     """[R, 2] key words of fold_in(fold_in(key(seed words), stream), counter), one per row."""
 
@@ -166,13 +181,13 @@ def _row_keys(key_data: jax.Array, stream: jax.Array, counter: jax.Array) -> jax
     return jax.vmap(one)(key_data, stream, counter)
 
 
-def gumbel_noise(keys: jax.Array, vocab_size: int) -> jax.Array:
-    """Standard Gumbel noise [R, V] from per-row key words [R, 2]: two keyed rounds of the murmur3 finaliser
-    over the token id (a bijection of the id for a fixed key), 23 bits -> uniform in (0, 1)."""
+def exponential_noise(keys: jax.Array, vocab_size: int) -> jax.Array:
+    """Exp(1) noise [R, V] in [6e-8, 16.6] from per-row key words [R, 2]: two keyed rounds of the murmur3
+    finaliser over the token id (a bijection of the id for a fixed key), 23 bits -> uniform u in (0, 1), -log u."""
     ids = jnp.arange(vocab_size, dtype=jnp.uint32)[None, :]  # [1, V]
     bits = _mix32(_mix32(ids * jnp.uint32(0x9E3779B9) ^ keys[:, :1]) ^ keys[:, 1:])  # [R, V]
     uniform = ((bits >> 9).astype(jnp.float32) + 0.5) * (1.0 / (1 << 23))
-    return -jnp.log(-jnp.log(uniform))
+    return -jnp.log(uniform)
 
 
 def _mix32(x: jax.Array) -> jax.Array:

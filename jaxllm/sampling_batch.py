@@ -150,35 +150,37 @@ class _Adjustments:
     output_counts: np.ndarray  # [n] int32
 
 
-def _row_adjustments(row: SamplingRow, eos_token_ids: Sequence[int]) -> _Adjustments:
+def _row_adjustments(row: SamplingRow, eos_token_ids: Sequence[int]) -> _Adjustments | None:
+    """None when the row needs no adjustment (the common case, kept cheap)."""
     p = row.params
     bias = dict(p.logit_bias or {})
     if len(row.output_token_ids) < p.min_tokens:
         bias.update(dict.fromkeys([*p.stop_token_ids, *eos_token_ids], -math.inf))
+    if not bias and not p.needs_penalties:
+        return None
     bias_ids = np.fromiter(bias.keys(), np.int64, len(bias))
-    seen_ids = out_ids = np.zeros(0, np.int64)
-    out_counts = np.zeros(0, np.int32)
+    prompt = output = np.zeros(0, np.int64)
     if p.needs_penalties:
-        output = np.asarray(row.output_token_ids, np.int64)
-        seen_ids = np.unique(np.concatenate([np.asarray(row.prompt_token_ids, np.int64), output]))
-        out_ids, out_counts = np.unique(output, return_counts=True)
-    ids = np.union1d(bias_ids, seen_ids)
+        prompt, output = np.asarray(row.prompt_token_ids, np.int64), np.asarray(row.output_token_ids, np.int64)
+    ids, where = np.unique(np.concatenate([bias_ids, prompt, output]), return_inverse=True)
     adj = _Adjustments(ids, np.zeros(len(ids), np.float32), np.zeros(len(ids), bool), np.zeros(len(ids), np.int32))
-    adj.bias[np.searchsorted(ids, bias_ids)] = np.fromiter(bias.values(), np.float32, len(bias))
-    adj.seen[np.searchsorted(ids, seen_ids)] = True
-    adj.output_counts[np.searchsorted(ids, out_ids)] = out_counts
+    adj.bias[where[:len(bias_ids)]] = np.fromiter(bias.values(), np.float32, len(bias))
+    adj.seen[where[len(bias_ids):]] = True
+    adj.output_counts[:] = np.bincount(where[len(bias_ids) + len(prompt):], minlength=len(ids))
     return adj
 
 
-def _adjustment_arrays(adjustments: Sequence[_Adjustments], num_rows: int, vocab_size: int) -> dict:
+def _adjustment_arrays(adjustments: Sequence[_Adjustments | None], num_rows: int, vocab_size: int) -> dict:
     """[R, L] arrays, L = 0 or a power of two >= MIN_ADJUST_LEN (capped at the vocab size)."""
-    longest = max((len(a.token_ids) for a in adjustments), default=0)
+    longest = max((len(a.token_ids) for a in adjustments if a is not None), default=0)
     length = 0 if longest == 0 else min(max(MIN_ADJUST_LEN, 1 << (longest - 1).bit_length()), vocab_size)
     out = {"adjust_token_ids": np.full((num_rows, length), vocab_size, np.int32),
            "adjust_bias": np.zeros((num_rows, length), np.float32),
            "adjust_seen": np.zeros((num_rows, length), bool),
            "adjust_output_counts": np.zeros((num_rows, length), np.int32)}
     for i, adj in enumerate(adjustments):
+        if adj is None:
+            continue
         n = len(adj.token_ids)
         out["adjust_token_ids"][i, :n] = adj.token_ids
         out["adjust_bias"][i, :n] = adj.bias

@@ -34,7 +34,7 @@ class SamplingParams:
         output, once (presence) or once per occurrence (frequency). Positive values discourage repetition.
     repetition_penalty: > 0; logits of tokens in the prompt or the output are divided by it when positive and
         multiplied by it when negative. 1 disables it.
-    temperature: >= 0; 0 means greedy. Values in (0, 0.01) are raised to 0.01.
+    temperature: >= 0; below 1e-5 means greedy; values in [1e-5, 0.01) are raised to 0.01.
     top_p: in (0, 1]; keep the smallest set of most likely tokens whose probability reaches top_p.
     top_k: keep the k most likely tokens; 0 or -1 disables it (normalised to 0).
     min_p: in [0, 1]; drop tokens less likely than min_p times the most likely one.
@@ -75,12 +75,16 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.stop, (str, list, tuple, type(None))):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple, type(None))):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
-        if 0 < self.temperature < MIN_TEMPERATURE:
+        if SAMPLING_EPS <= self.temperature < MIN_TEMPERATURE:
             logger.warning("temperature %s raised to %s", self.temperature, MIN_TEMPERATURE)
             self.temperature = MIN_TEMPERATURE
         if self.sampling_type == SamplingType.GREEDY:

@@ -10,7 +10,7 @@ import dataclasses
 import time
 
 from jaxllm.detokenizer import IncrementalDetokenizer
-from jaxllm.engine.request import Request
+from jaxllm.engine.request import Request, RequestStatus
 from jaxllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput, SampleLogprobs
 
 OUTPUT_KINDS = ("cumulative", "delta", "final")
@@ -33,7 +33,7 @@ class RequestState:
     logprobs: SampleLogprobs | None
     cumulative_logprob: float | None
     sent_tokens: int = 0  # tokens already reported (delta mode)
-    sent_text: int = 0  # characters already reported (delta mode)
+    unsent_text: str = ""  # text deltas not yet reported (delta mode): never text a stop string may retract
 
 
 @dataclasses.dataclass(eq=False)
@@ -82,7 +82,10 @@ class OutputProcessor:
             state.cumulative_logprob += result.logprob
         if state.detokenizer is None:
             return None
-        state.detokenizer.update([result.token_id])
+        status = request.status
+        stop_terminated = status is RequestStatus.FINISHED_STOPPED  # EOS or a stop token id ended it
+        state.unsent_text += state.detokenizer.update([result.token_id], finished=status.finished,
+                                                      stop_terminated=stop_terminated)
         return state.detokenizer.finished_by_stop
 
     def record_prompt_logprobs(self, request: Request, entries: PromptLogprobs) -> None:
@@ -124,9 +127,9 @@ class OutputProcessor:
         tokens = request.output_token_ids
         logprobs = state.logprobs
         if delta:
-            text, tokens = text[state.sent_text:], tokens[state.sent_tokens:]
+            text, tokens = state.unsent_text, tokens[state.sent_tokens:]
             logprobs = None if logprobs is None else logprobs[state.sent_tokens:]
-            state.sent_text += len(text)
+            state.unsent_text = ""
             state.sent_tokens += len(tokens)
         finish = request.status.value if request.status.finished else None
         return CompletionOutput(request.sample_index, text, list(tokens), state.cumulative_logprob, logprobs,

@@ -1,0 +1,126 @@
+"""jaxllm vs Hugging Face transformers on the same prompts, side by side in one run (CPU).
+
+    python benchmarks/compare_hf.py --workload fixed      # 64 prompts of ~32 tokens, 128 new tokens, EOS ignored
+    python benchmarks/compare_hf.py --workload mixed      # 128 prompts, 16-256 prompt and output tokens (seed 0)
+
+HF runs static batches (left padding, greedy, `min_new_tokens` = `max_new_tokens` so EOS is ignored); in the mixed
+workload each static batch generates up to its longest request's output length, and only each request's own
+tokens count as useful output. jaxllm runs `LLM.generate` once to compile (timed separately) and once measured.
+Output tokens/s counts useful generated tokens over wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import jax
+import numpy as np
+
+from jaxllm.llm import LLM
+from jaxllm.sampling_params import SamplingParams
+
+WORDS = ("the quick brown fox jumps over lazy dog river mountain city story science music history ocean "
+         "garden machine learning language model winter summer bright dark ancient future").split()
+
+
+def make_workload(name: str, tokenizer, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) per request."""
+    rng = np.random.RandomState(seed)
+    if name == "fixed":
+        lengths = [(32, 128)] * 64
+    else:
+        lengths = list(zip(rng.randint(16, 257, size=128), rng.randint(16, 257, size=128)))
+    requests = []
+    for prompt_len, output_len in lengths:
+        ids: list[int] = []
+        while len(ids) < prompt_len:
+            ids += tokenizer.encode(" ".join(rng.choice(WORDS, size=16)))
+        requests.append((ids[:prompt_len], int(output_len)))
+    return requests
+
+
+def run_jaxllm(llm: LLM, requests) -> dict:
+    prompts = [{"prompt_token_ids": p} for p, _ in requests]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for _, n in requests]
+    compile_s = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **_: compile_s.append(secs) if "backend_compile" in event else None)
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    first = time.perf_counter() - start
+    compiled_first = llm.engine.runner.num_compiled_programs
+    compile_total = sum(compile_s)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"engine": "jaxllm", "output_tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+            "first_run_seconds": first, "compiled_programs": compiled_first,
+            "compile_seconds": compile_total, "step_shapes": len(llm.engine.runner.step_shapes),
+            "programs_after_second_run": llm.engine.runner.num_compiled_programs}
+
+
+def run_hf(model, requests, batch_size: int, dtype) -> dict:
+    import torch
+
+    model = model.to(dtype)
+    useful = 0
+    start = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i:i + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        new = max(n for _, n in batch)
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, pad_token_id=0)
+        useful += sum(n for _, n in batch)
+    elapsed = time.perf_counter() - start
+    return {"engine": f"hf-{str(dtype).replace('torch.', '')}-b{batch_size}", "output_tokens": useful,
+            "seconds": elapsed, "tokens_per_s": useful / elapsed}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=["fixed", "mixed"], default="fixed")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--hf-dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (jax uses all cores)")
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024)
+    requests = make_workload(args.workload, llm.get_tokenizer())
+    print(f"workload {args.workload}: {len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
+          f"{sum(n for _, n in requests)} output tokens; jax {jax.__version__}, torch {torch.__version__}, "
+          f"{platform.machine()}", flush=True)
+    results = [run_jaxllm(llm, requests)]
+    print(results[-1], flush=True)
+    path = llm.engine.loaded.source.path
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    for dtype in args.hf_dtypes:
+        results.append(run_hf(hf, requests, args.hf_batch_size, getattr(torch, dtype)))
+        print(results[-1], flush=True)
+    best_hf = max((r for r in results if r["engine"].startswith("hf")), key=lambda r: r["tokens_per_s"])
+    print(f"\n| engine | output tok/s | seconds |\n|---|---:|---:|")
+    for r in results:
+        print(f"| {r['engine']} | {r['tokens_per_s']:.1f} | {r['seconds']:.1f} |")
+    print(f"\njaxllm / best HF ({best_hf['engine']}): {results[0]['tokens_per_s'] / best_hf['tokens_per_s']:.2f}x; "
+          f"jaxllm compiled {results[0]['compiled_programs']} programs in {results[0]['compile_seconds']:.1f}s")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"workload": args.workload, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Sampler: exact masks and penalties against numpy references, seeded reproducibility, distributions, variants."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxllm.sampler import BISECT_ROWS, NUM_CANDIDATES, apply_adjustments, apply_top_k_top_p_min_p, sample
+from jaxllm.sampling_batch import NO_LOGPROBS, SamplingRow, build_sampling_batch
+from jaxllm.sampling_params import SamplingParams
+
+SAMPLE = jax.jit(sample)
+
+
+def row(prompt=(1, 2), output=(), stream=0, **params) -> SamplingRow:
+    return SamplingRow(SamplingParams(**params), list(prompt), list(output), stream)
+
+
+def run(logits, rows, num_rows=None, **kwargs):
+    """Sample with the shared jitted sampler; returns the SamplerOutput with numpy leaves."""
+    logits = np.asarray(logits, np.float32)
+    batch = build_sampling_batch(rows, num_rows or logits.shape[0], logits.shape[1], **kwargs)
+    return jax.tree.map(np.asarray, SAMPLE(jnp.asarray(logits), batch))
+
+
+def softmax(x):
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - x[np.isfinite(x)].max())
+    return e / e.sum()
+
+
+def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def reference_filter(z, top_k, top_p, min_p):
+    """vLLM's min-p, then sort-based top-k and top-p, in float64."""
+    z = np.asarray(z, np.float64).copy()
+    if min_p > 0:
+        p = softmax(z)
+        z[p < min_p * p.max()] = -np.inf
+    if 0 < top_k < len(z):
+        z[z < np.sort(z)[::-1][top_k - 1]] = -np.inf
+    if top_p < 1:
+        order = np.argsort(z, kind="stable")  # ascending, as vLLM
+        drop = np.cumsum(softmax(z)[order]) <= 1 - top_p
+        drop[-1] = False
+        z[order[drop]] = -np.inf
+    return z
+
+
+def reference_adjust(logits, prompt, output, params: SamplingParams, stop_ids_masked=()):
+    """logit_bias and min_tokens, then vLLM's repetition / frequency / presence penalties, in float64."""
+    x = np.asarray(logits, np.float64).copy()
+    for token, bias in (params.logit_bias or {}).items():
+        x[token] += bias
+    x[list(stop_ids_masked)] = -np.inf
+    seen = np.zeros(len(x), bool)
+    seen[list(prompt) + list(output)] = True
+    counts = np.bincount(np.asarray(output, int), minlength=len(x))
+    rep = params.repetition_penalty
+    x = np.where(seen, np.where(x > 0, x / rep, x * rep), x)
+    return x - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
+
+
+# Hand-made logits: by rank, probabilities .405 .245 .149 .090 .055 .033 .020 .003, placed in shuffled slots.
+RANKED = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+SLOTS = np.array([5, 2, 7, 0, 3, 6, 1, 4])  # rank r lives at token SLOTS[r]
+HAND_LOGITS = np.empty(8)
+HAND_LOGITS[SLOTS] = RANKED
+
+MASK_CASES = [  # (top_k, top_p, min_p, ranks kept), worked out by hand from the probabilities above
+    (3, 1.0, 0.0, {0, 1, 2}),
+    (0, 0.5, 0.0, {0, 1}),
+    (0, 0.9, 0.0, {0, 1, 2, 3, 4}),
+    (0, 1.0, 0.2, {0, 1, 2, 3}),
+    (2, 0.5, 0.0, {0}),
+    (5, 0.8, 0.1, {0, 1, 2}),
+    (1, 1.0, 0.0, {0}),
+    (8, 1.0, 0.0, set(range(8))),
+]
+
+
+@pytest.mark.parametrize("top_k, top_p, min_p, ranks", MASK_CASES)
+def test_masks_exact_on_hand_made_logits(top_k, top_p, min_p, ranks):
+    expected = set(SLOTS[sorted(ranks)].tolist())
+    masked = np.asarray(apply_top_k_top_p_min_p(jnp.asarray(HAND_LOGITS[None], jnp.float32), jnp.array([top_k]),
+                                                jnp.array([top_p], jnp.float32), jnp.array([min_p], jnp.float32)))[0]
+    assert set(np.flatnonzero(np.isfinite(masked)).tolist()) == expected
+    np.testing.assert_array_equal(masked[list(expected)], HAND_LOGITS[list(expected)].astype(np.float32))
+    assert set(np.flatnonzero(np.isfinite(reference_filter(HAND_LOGITS, top_k, top_p, min_p))).tolist()) == expected
+    # The tokens ever sampled over 2000 seeds are exactly the kept ones (the least likely has p >= 0.05 here).
+    n = 2000
+    params = dict(top_k=top_k, top_p=top_p, min_p=min_p)
+    out = run(np.tile(HAND_LOGITS, (n, 1)), [row(seed=s, **params) for s in range(n)])
+    assert set(out.sampled_token_ids.tolist()) == expected
+
+
+def test_masks_match_reference_on_large_rows_including_bisection():
+    """V = 4096 > NUM_CANDIDATES: flat rows with top-p, and top_k > NUM_CANDIDATES, need bisection (in rounds)."""
+    rng = np.random.RandomState(0)
+    num_rows, vocab = 96, 4096
+    scales = rng.choice([0.3, 1.0, 4.0], num_rows)
+    z = (rng.randn(num_rows, vocab) * scales[:, None]).astype(np.float32)
+    top_k = rng.choice([0, 0, 1, 7, 50, NUM_CANDIDATES + 44, 1000], num_rows)
+    top_p = rng.choice([1.0, 0.3, 0.9, 0.99], num_rows)
+    min_p = rng.choice([0.0, 0.0, 0.0, 0.05, 0.5], num_rows)
+    args = (z, top_k.astype(np.int32), top_p.astype(np.float32), min_p.astype(np.float32))
+    got = np.asarray(jax.jit(apply_top_k_top_p_min_p)(*map(jnp.asarray, args)))
+    kept = []
+    for i in range(num_rows):
+        want = reference_filter(z[i], top_k[i], top_p[i], min_p[i])
+        np.testing.assert_array_equal(np.isfinite(got[i]), np.isfinite(want), err_msg=f"row {i}")
+        kept.append(np.isfinite(want).sum())
+    kept = np.array(kept)
+    assert (kept > NUM_CANDIDATES).sum() > BISECT_ROWS and (kept < NUM_CANDIDATES).sum() > 10  # 2+ rounds
+
+
+def test_greedy_is_argmax_including_mixed_batches():
+    rng = np.random.RandomState(1)
+    logits = rng.randn(6, 300).astype(np.float32)
+    out = run(logits, [row(temperature=0.0) for _ in range(4)], num_rows=6)
+    np.testing.assert_array_equal(out.sampled_token_ids[:4], logits[:4].argmax(-1))
+    mixed = [row(temperature=0.0), row(temperature=1.0, top_k=5), row(temperature=0.0, seed=3)]
+    out = run(logits[:3], mixed)
+    np.testing.assert_array_equal(out.sampled_token_ids[[0, 2]], logits[[0, 2]].argmax(-1))
+    assert out.sampled_token_ids[1] in np.argsort(logits[1])[-5:]
+
+
+def test_penalties_bias_and_min_tokens_match_reference():
+    rng = np.random.RandomState(2)
+    vocab, eos = 64, 3
+    logits = rng.randn(5, vocab).astype(np.float32) * 3
+    cases = [  # (prompt, output, params, ids masked by min_tokens)
+        ([5, 6, 6, 7], [7, 8, 8, 8, 9], SamplingParams(repetition_penalty=1.7), ()),
+        ([5, 6], [10, 10, 11], SamplingParams(frequency_penalty=0.6, presence_penalty=-0.4), ()),
+        ([1, 2, 3], [4, 4, 2], SamplingParams(repetition_penalty=0.7, frequency_penalty=-1.0,
+                                              presence_penalty=1.5, logit_bias={4: 2.5, 60: -7.0}), ()),
+        ([9], [12], SamplingParams(min_tokens=3, stop_token_ids=[20, 21], logit_bias={21: 5.0}), (20, 21, eos)),
+        ([9], [12, 13, 14], SamplingParams(min_tokens=3, stop_token_ids=[20]), ()),
+    ]
+    rows = [SamplingRow(p, prompt, output) for prompt, output, p, _ in cases]
+    batch = build_sampling_batch(rows, 5, vocab, eos_token_ids=[eos])
+    got = np.asarray(jax.jit(apply_adjustments)(jnp.asarray(logits), batch))
+    for i, (prompt, output, params, masked) in enumerate(cases):
+        np.testing.assert_allclose(got[i], reference_adjust(logits[i], prompt, output, params, masked),
+                                   rtol=1e-6, atol=1e-6, err_msg=f"case {i}")
+
+
+def test_logit_bias_and_min_tokens_steer_greedy():
+    logits = np.zeros((3, 10), np.float32)
+    logits[:, 0], logits[:, 4], logits[:, 7] = 5.0, 4.0, 3.0  # 0 = EOS, 4 = a stop token
+    rows = [row(temperature=0.0, logit_bias={9: 6.0}),
+            row(temperature=0.0, min_tokens=3, stop_token_ids=[4], output=[1]),
+            row(temperature=0.0, min_tokens=3, stop_token_ids=[4], output=[1, 1, 1])]
+    out = run(logits, rows, eos_token_ids=[0])
+    assert out.sampled_token_ids.tolist() == [9, 7, 0]
+
+
+@pytest.mark.parametrize("requested, bucket", [(None, NO_LOGPROBS), (0, 0), (1, 5), (5, 5), (7, 20), (20, 20)])
+def test_logprobs_bucket(requested, bucket):
+    assert build_sampling_batch([row(logprobs=requested), row(temperature=0.0)], 4, 100).num_logprobs == bucket
+
+
+@pytest.mark.parametrize("requested", [None, 0, 7])
+def test_logprobs_come_from_raw_logits(requested):
+    rng = np.random.RandomState(3)
+    logits = rng.randn(4, 200).astype(np.float32) * 2
+    rows = [row(temperature=0.0, logprobs=requested), row(temperature=0.5, repetition_penalty=1.5, top_k=4, seed=1),
+            row(temperature=1.3, logit_bias={7: 9.0}, seed=2)]
+    out = run(logits, rows, num_rows=4)
+    if requested is None:
+        assert out.sampled_logprobs is None and out.top_logprobs is None
+        return
+    bucket = {0: 0, 7: 20}[requested]
+    want = log_softmax(logits)
+    tokens = out.sampled_token_ids
+    np.testing.assert_allclose(out.sampled_logprobs, want[np.arange(4), tokens], atol=1e-5)
+    np.testing.assert_array_equal(out.sampled_ranks, 1 + (want > want[np.arange(4), tokens][:, None]).sum(-1))
+    assert out.top_logprobs.shape == out.top_logprob_token_ids.shape == (4, bucket)
+    np.testing.assert_array_equal(out.top_logprob_token_ids, np.argsort(-want, axis=-1, kind="stable")[:, :bucket])
+    np.testing.assert_allclose(out.top_logprobs, np.sort(want, -1)[:, ::-1][:, :bucket], atol=1e-5)
+
+
+def seeded_tokens(sample_fn, position, num_rows, neighbours, steps=6):
+    """Tokens of a seed=1234 request over `steps` steps, placed at `position` among `neighbours`."""
+    vocab = 1000
+    tokens = []
+    for step in range(steps):
+        rows = list(neighbours)
+        rows.insert(position, row(prompt=[4, 5, 6], output=[9] * step, seed=1234, temperature=0.9))
+        batch = build_sampling_batch(rows, num_rows, vocab, base_seed=77)
+        out = sample_fn(jnp.zeros((num_rows, vocab), jnp.float32), batch)
+        tokens.append(int(out.sampled_token_ids[position]))
+    return tokens
+
+
+def test_seeded_request_reproducible_across_batches_and_runs():
+    alone = seeded_tokens(SAMPLE, 0, 1, [])
+    assert len(set(alone)) > 1  # a fresh draw every step
+    crowded = [row(temperature=0.0), row(seed=5, top_k=3, logprobs=2), row(stream=8, repetition_penalty=1.2,
+                                                                            output=[1, 2])]
+    assert seeded_tokens(SAMPLE, 2, 8, crowded) == alone
+    assert seeded_tokens(jax.jit(sample), 1, 4, crowded[:1]) == alone  # a fresh compilation
+    other_seed = [int(SAMPLE(jnp.zeros((1, 1000)), build_sampling_batch([row(seed=4321, output=[9] * s)], 1, 1000))
+                      .sampled_token_ids[0]) for s in range(6)]
+    assert other_seed != alone
+
+
+def test_unseeded_requests_differ():
+    vocab, n = 1000, 16
+    rows = [row(stream=i) for i in range(n)]
+    first = run(np.zeros((n, vocab)), rows, base_seed=0).sampled_token_ids
+    assert len(set(first.tolist())) >= n - 2
+    again = run(np.zeros((n, vocab)), rows, base_seed=0).sampled_token_ids
+    np.testing.assert_array_equal(first, again)  # the engine's base seed makes runs repeatable
+    other_base = run(np.zeros((n, vocab)), rows, base_seed=1).sampled_token_ids
+    assert (other_base != first).sum() >= n - 2
+
+
+@pytest.mark.parametrize("params, keep", [(dict(temperature=0.8), 6), (dict(temperature=1.5, top_k=3), 3)])
+def test_sampling_frequencies_match_softmax(params, keep):
+    logits = np.array([1.0, 0.5, 0.0, -0.5, -1.0, 0.3])
+    n = 20000
+    out = run(np.tile(logits, (n, 1)), [row(seed=s, **params) for s in range(n)])
+    z = logits / params["temperature"]
+    z[np.argsort(z)[:len(z) - keep]] = -np.inf
+    expected = softmax(z) * n
+    observed = np.bincount(out.sampled_token_ids, minlength=len(logits))
+    assert observed[expected == 0].sum() == 0
+    chi2 = ((observed - expected)[expected > 0] ** 2 / expected[expected > 0]).sum()
+    assert chi2 < 30, (observed, expected.round())  # keep - 1 degrees of freedom; p < 1e-4 at 30
+
+
+def test_padded_rows_produce_no_nan():
+    vocab = 50
+    rows = [row(top_p=0.5, top_k=3, min_p=0.1, logprobs=5, seed=1, repetition_penalty=2.0, output=[1, 1]),
+            row(temperature=0.0, logit_bias={3: -100.0}, min_tokens=4, stop_token_ids=[2])]
+    logits = np.zeros((8, vocab), np.float32)
+    logits[:2] = np.random.RandomState(4).randn(2, vocab)
+    out = run(logits, rows, num_rows=8, eos_token_ids=[0])
+    for leaf in jax.tree.leaves(out):
+        assert np.isfinite(leaf).all()
+    assert ((out.sampled_token_ids >= 0) & (out.sampled_token_ids < vocab)).all()
+
+
+def test_host_batch_padding_buckets_and_flags():
+    vocab = 500
+    plain = build_sampling_batch([row(), row(temperature=0.0)], 4, vocab)
+    assert plain.adjust_token_ids.shape == (4, 0)
+    assert (plain.all_greedy, plain.needs_filter, plain.num_logprobs) == (False, False, NO_LOGPROBS)
+    assert plain.is_greedy.tolist() == [False, True, True, True] and plain.temperature.tolist() == [1.0] * 4
+    greedy = build_sampling_batch([row(temperature=0.0, top_k=5, top_p=0.5)], 2, vocab)
+    assert (greedy.all_greedy, greedy.needs_filter) == (True, False)
+    long_prompt = build_sampling_batch([row(prompt=range(40), repetition_penalty=1.1), row(top_k=vocab)], 2, vocab)
+    assert long_prompt.adjust_token_ids.shape == (2, 64) and long_prompt.top_k.tolist() == [0, 0]
+    assert long_prompt.adjust_token_ids[0, :40].tolist() == list(range(40))
+    assert (long_prompt.adjust_token_ids[0, 40:] == vocab).all() and (long_prompt.adjust_token_ids[1] == vocab).all()
+    assert not long_prompt.needs_filter  # top_k >= vocab size is no filter
+    done = build_sampling_batch([row(min_tokens=2, output=[5, 6], stop_token_ids=[9])], 1, vocab, eos_token_ids=[0])
+    assert done.adjust_token_ids.shape == (1, 0)
+    with pytest.raises(ValueError, match="3 rows do not fit in num_rows=2"):
+        build_sampling_batch([row()] * 3, 2, vocab)
+
+
+def test_compiled_variants_are_the_documented_ones():
+    """Variant key: (all_greedy, needs_filter, num_logprobs bucket, adjustment length L) for a given [R, V]."""
+    sample_fn = jax.jit(lambda logits, batch: sample(logits, batch))  # a fresh function: its own cache
+    vocab, num_rows = 300, 4
+    logits = jnp.zeros((num_rows, vocab), jnp.float32)
+    compositions = [
+        # (rows, variant); rows of the same variant differ in values only
+        ([row(temperature=0.0)], "greedy"),
+        ([row(temperature=0.0, seed=3), row(temperature=0.0)], "greedy"),
+        ([row(temperature=0.7)], "random"),
+        ([row(temperature=1.2, seed=9), row(temperature=0.0)], "random"),
+        ([row(top_p=0.9)], "filter"),
+        ([row(top_k=5, seed=1), row(min_p=0.2)], "filter"),
+        ([row(temperature=0.0, logprobs=1)], "greedy+logprobs5"),
+        ([row(temperature=0.0, logprobs=4), row(temperature=0.0, logprobs=2)], "greedy+logprobs5"),
+        ([row(temperature=0.0, logprobs=0)], "greedy+logprobs0"),
+        ([row(temperature=0.0, repetition_penalty=1.3)], "greedy+L32"),
+        ([row(temperature=0.0, logit_bias={3: 1.0}), row(temperature=0.0, presence_penalty=0.5, output=[4] * 20)],
+         "greedy+L32"),
+        ([row(temperature=0.0, frequency_penalty=0.5, prompt=range(50))], "greedy+L64"),
+    ]
+    for rows, _ in compositions + compositions:
+        sample_fn(logits, build_sampling_batch(rows, num_rows, vocab))
+    assert sample_fn._cache_size() == len({variant for _, variant in compositions})
