@@ -40,24 +40,28 @@ def ragged_paged_attention_reference(
     are padded to max_query_len; None pads every row to max_query_len."""
     num_seqs = block_tables.shape[0]
     prefill_rows = num_seqs if num_prefill_rows is None else num_prefill_rows
+    decode_rows = num_seqs - prefill_rows
     q_lens = query_start_loc[1:] - query_start_loc[:-1]  # [S]
     parts = []
-    for rows, width in ((slice(0, num_seqs - prefill_rows), 1), (slice(num_seqs - prefill_rows, num_seqs),
-                                                                 max_query_len)):
+    for rows, width in ((slice(0, decode_rows), 1), (slice(decode_rows, num_seqs), max_query_len)):
         if rows.stop > rows.start:
             parts.append(_attend_rows(q, k_pool, v_pool, layer, block_tables[rows], context_lens[rows],
                                       query_start_loc[:-1][rows], q_lens[rows], width, sm_scale))
-    dest = jnp.concatenate([d for d, _ in parts])  # [rows * width]
-    out = jnp.concatenate([o for _, o in parts])  # [rows * width, Hq, D]
-    return jnp.zeros_like(q).at[dest].set(out, mode="drop")
+    out = jnp.concatenate(parts)  # [decode_rows + prefill_rows * Qm, Hq, D]: slots, sequence by sequence
+
+    # Gather each token's slot back into the flat token order (a gather: XLA:CPU scatters run serially).
+    token = jnp.arange(q.shape[0], dtype=jnp.int32)  # [T]
+    row = jnp.clip(jnp.searchsorted(query_start_loc, token, side="right", method="compare_all") - 1, 0,
+                   num_seqs - 1)  # [T]
+    offset = token - query_start_loc[row]
+    slot = jnp.where(row < decode_rows, row, decode_rows + (row - decode_rows) * max_query_len + offset)
+    is_query = token < query_start_loc[num_seqs]
+    return jnp.where(is_query[:, None, None], out[slot], 0).astype(q.dtype)
 
 
 def _attend_rows(q, k_pool, v_pool, layer, block_tables, context_lens, q_starts, q_lens, width: int,
-                 sm_scale: float) -> tuple[jax.Array, jax.Array]:
-    """Attention for R sequences whose queries are padded to `width` slots each.
-
-    Returns (dest [R*W]: the token index of each slot, out of range for padding; out [R*W, Hq, D] in q.dtype).
-    """
+                 sm_scale: float) -> jax.Array:
+    """Attention for R sequences whose queries are padded to `width` slots each -> [R*W, Hq, D] in q.dtype."""
     num_tokens, num_q_heads, head_dim = q.shape
     rows, max_blocks = block_tables.shape
     num_kv_heads, block_size = k_pool.shape[2], k_pool.shape[3]
@@ -65,28 +69,33 @@ def _attend_rows(q, k_pool, v_pool, layer, block_tables, context_lens, q_starts,
 
     slot = jnp.arange(width, dtype=jnp.int32)  # [W]
     token_idx = q_starts[:, None] + slot[None, :]  # [R, W]
-    q_valid = slot[None, :] < q_lens[:, None]  # [R, W]
     q_seq = q[jnp.clip(token_idx, 0, num_tokens - 1)]  # [R, W, Hq, D]
     q_seq = q_seq.reshape(rows, width, num_kv_heads, group, head_dim).astype(jnp.float32)
 
-    # float32 math throughout (XLA:CPU has no batched bf16 x bf16 -> f32 dot for every layout).
-    k = _gather_context(k_pool, layer, block_tables).astype(jnp.float32)  # [R, Hkv, C, D]
-    v = _gather_context(v_pool, layer, block_tables).astype(jnp.float32)  # [R, Hkv, C, D]
+    # float32 math throughout (XLA:CPU has no batched bf16 x bf16 -> f32 dot for every layout). The context
+    # stays in the pool's [MB, Hkv, B] order: transposing it to [Hkv, MB*B] first costs more than the dots.
+    k = pool_blocks(k_pool, layer, block_tables).astype(jnp.float32)  # [R, MB, Hkv, B, D]
+    v = pool_blocks(v_pool, layer, block_tables).astype(jnp.float32)  # [R, MB, Hkv, B, D]
+    context = max_blocks * block_size
 
-    scores = jnp.einsum("sqhgd,shcd->shgqc", q_seq, k) * sm_scale  # [R, Hkv, G, W, C]
+    # XLA:CPU runs these dots several times slower with a size-1 query axis in them: decode rows drop it.
+    if width == 1:
+        scores = jnp.einsum("rhgd,rmhbd->rhgmb", q_seq[:, 0], k)[:, :, :, None]
+    else:
+        scores = jnp.einsum("rqhgd,rmhbd->rhgqmb", q_seq, k)
+    scores = scores.reshape(rows, num_kv_heads, group, width, context) * sm_scale  # [R, Hkv, G, W, C]
     q_pos = (context_lens - q_lens)[:, None] + slot[None, :]  # [R, W]
-    k_pos = jnp.arange(max_blocks * block_size, dtype=jnp.int32)  # [C]
+    k_pos = jnp.arange(context, dtype=jnp.int32)  # [C]
     visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < context_lens[:, None, None])
     scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v)  # [R, W, Hkv, G, D]
-    out = out.reshape(rows * width, num_q_heads, head_dim).astype(q.dtype)
-    dest = jnp.where(q_valid, token_idx, num_tokens).reshape(-1)  # [R*W]
-    return dest, out
+    probs = jax.nn.softmax(scores, axis=-1).reshape(rows, num_kv_heads, group, width, max_blocks, block_size)
+    if width == 1:
+        out = jnp.einsum("rhgmb,rmhbd->rhgd", probs[:, :, :, 0], v)[:, None]
+    else:
+        out = jnp.einsum("rhgqmb,rmhbd->rqhgd", probs, v)  # [R, W, Hkv, G, D]
+    return out.reshape(rows * width, num_q_heads, head_dim).astype(q.dtype)
 
 
-def _gather_context(pool: jax.Array, layer, block_tables: jax.Array) -> jax.Array:
-    """[L, N, Hkv, B, D] pool -> [S, Hkv, MB*B, D]: each sequence's blocks in order, from one layer."""
-    blocks = pool[layer, block_tables]  # [S, MB, Hkv, B, D]
-    s, mb, h, b, d = blocks.shape
-    return blocks.transpose(0, 2, 1, 3, 4).reshape(s, h, mb * b, d)
+def pool_blocks(pool: jax.Array, layer, block_tables: jax.Array) -> jax.Array:
+    """[L, N, Hkv, B, D] pool -> [S, MB, Hkv, B, D]: each sequence's blocks in order, from one layer."""
+    return pool[layer, block_tables]
