@@ -2,8 +2,12 @@
 
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError, ModelNotFoundError
+from jaxllm.llm import LLM
 from jaxllm.loaders import LoadedModel, load_model
+from jaxllm.outputs import CompletionOutput, RequestOutput
+from jaxllm.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["ModelConfig", "ModelLoadError", "ModelNotFoundError", "LoadedModel", "load_model", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ModelConfig", "ModelLoadError",
+           "ModelNotFoundError", "LoadedModel", "load_model", "__version__"]

@@ -33,7 +33,8 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     seed: int = 0
     attention: str = "auto"  # "auto" | "reference" | "pallas"
-    warmup: bool = False  # compile the decode and prefill programs before serving
+    warmup: bool = False  # compile every decode-shape program before serving
+    compilation_cache_dir: str | None = None  # persistent XLA compilation cache: programs survive restarts
     skip_tokenizer: bool = False
 
     def __post_init__(self):
@@ -43,6 +44,11 @@ class EngineArgs:
             raise ValueError(f"num_gpu_blocks must be >= 2, got {self.num_gpu_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError(f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
+
+    def enable_compilation_cache(self) -> None:
+        if self.compilation_cache_dir is not None:
+            jax.config.update("jax_compilation_cache_dir", self.compilation_cache_dir)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
     def resolve(self, loaded) -> tuple[SchedulerConfig, CacheConfig]:
         config = loaded.config

@@ -35,6 +35,7 @@ class LLMEngine:
         from jaxllm.loaders import load_model
         from jaxllm.tokenizer import load_tokenizer
 
+        args.enable_compilation_cache()
         self.loaded = loaded if loaded is not None else load_model(args.model, dtype=args.dtype)
         self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
             load_tokenizer(self.loaded.source)

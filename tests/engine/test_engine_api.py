@@ -1,0 +1,71 @@
+"""LLMEngine's streaming interface: add_request / step / abort_request, delta outputs, compilation cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.engine import LLMEngine
+from jaxllm.sampling_params import SamplingParams
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, detokenize=False)
+
+
+def make_engine(model_dir, **kwargs):
+    return LLMEngine(EngineArgs(model=str(model_dir), skip_tokenizer=True, max_model_len=128, block_size=4,
+                                max_num_seqs=4, **kwargs))
+
+
+def test_delta_stream_adds_up_to_the_cumulative_output(tiny_model_dir):
+    engine = make_engine(tiny_model_dir("llama2")[0])
+    engine.add_request("delta", [5, 6, 7, 8], PARAMS, output_kind="delta")
+    engine.add_request("whole", [5, 6, 7, 8], PARAMS, output_kind="cumulative")
+    streamed, last_whole, steps_with_both = [], None, 0
+    while engine.has_unfinished_requests():
+        outputs = {o.request_id: o for o in engine.step()}
+        steps_with_both += len(outputs) == 2
+        if "delta" in outputs:
+            streamed += outputs["delta"].outputs[0].token_ids
+        last_whole = outputs.get("whole", last_whole)
+    assert last_whole.finished and last_whole.outputs[0].finish_reason == "length"
+    assert streamed == last_whole.outputs[0].token_ids and len(streamed) == 10
+    assert steps_with_both == 10  # both requests ran in every step: continuous batching
+
+
+def test_abort_mid_generation_frees_blocks_and_others_finish(tiny_model_dir):
+    engine = make_engine(tiny_model_dir("llama2")[0])
+    engine.add_request("keep", [1, 2, 3], PARAMS)
+    engine.add_request("drop", list(range(10, 30)), PARAMS)
+    engine.step()
+    engine.step()
+    pool = engine.scheduler.kv_cache.pool
+    held = pool.num_usable_blocks - pool.num_free_blocks
+    engine.abort_request("drop")
+    assert pool.num_usable_blocks - pool.num_free_blocks < held
+    assert engine.get_num_unfinished_requests() == 1
+    finals = []
+    while engine.has_unfinished_requests():
+        finals += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in finals] == ["keep"] and len(finals[0].outputs[0].token_ids) == 10
+    assert pool.num_free_blocks == pool.num_usable_blocks
+
+
+def test_duplicate_request_id_is_refused(tiny_model_dir):
+    engine = make_engine(tiny_model_dir("llama2")[0])
+    engine.add_request("a", [1, 2], PARAMS)
+    with pytest.raises(ValueError, match="request_id 'a' is already in use"):
+        engine.add_request("a", [1, 2], PARAMS)
+
+
+def test_persistent_compilation_cache_is_written(tiny_model_dir, tmp_path):
+    import jax
+
+    cache = tmp_path / "xla-cache"
+    try:
+        engine = make_engine(tiny_model_dir("llama2")[0], compilation_cache_dir=str(cache))
+        engine.add_request("a", [1, 2, 3], PARAMS)
+        while engine.has_unfinished_requests():
+            engine.step()
+        assert cache.is_dir() and any(cache.iterdir())
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
