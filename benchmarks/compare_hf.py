@@ -113,7 +113,7 @@ def main():
         results.append(run_hf(hf, requests, args.hf_batch_size, getattr(torch, dtype)))
         print(results[-1], flush=True)
     best_hf = max((r for r in results if r["engine"].startswith("hf")), key=lambda r: r["tokens_per_s"])
-    print(f"\n| engine | output tok/s | seconds |\n|---|---:|---:|")
+    print("\n| engine | output tok/s | seconds |\n|---|---:|---:|")
     for r in results:
         print(f"| {r['engine']} | {r['tokens_per_s']:.1f} | {r['seconds']:.1f} |")
     print(f"\njaxllm / best HF ({best_hf['engine']}): {results[0]['tokens_per_s'] / best_hf['tokens_per_s']:.2f}x; "

@@ -14,7 +14,6 @@ import statistics
 import time
 
 import jax
-import numpy as np
 
 from jaxllm.loaders import load_model
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward

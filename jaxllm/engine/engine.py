@@ -114,7 +114,9 @@ class LLMEngine:
             if request.request_id not in results or request.status is RequestStatus.FINISHED_ABORTED:
                 continue
             stop = self.processor.record_sample(request, results[request.request_id])
-            if stop is not None:
+            if stop is not None and request.status.finished:  # the same token also hit a length limit
+                request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+            elif stop is not None:
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop)
             progressed.append(request)
         return self.processor.outputs_for(progressed)

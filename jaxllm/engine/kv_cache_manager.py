@@ -97,5 +97,6 @@ class KVCacheManager:
         hashes = self._hashes.setdefault(request.request_id, [])
         tokens = request.all_token_ids
         for i in range(len(hashes), len(tokens) // self.block_size):
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * self.block_size:(i + 1) * self.block_size]))
+            block_tokens = tokens[i * self.block_size:(i + 1) * self.block_size]
+            hashes.append(hash_block(hashes[-1] if hashes else None, block_tokens))
         return hashes

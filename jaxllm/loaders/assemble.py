@@ -6,7 +6,8 @@ layer is the layer index or None for a global tensor. One place reports missing,
 
 from __future__ import annotations
 
-from typing import Iterable
+import re
+from typing import Iterable, Mapping
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -58,3 +59,15 @@ def assemble_params(
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     stacked = {field: jnp.asarray(np.stack(per)) for field, per in layers.items()}
     return LlamaParams(layers=LayerParams(**stacked), **{k: jnp.asarray(v) for k, v in top.items()})
+
+
+def tensor_field(name: str, global_names: Mapping[str, str], layer_pattern: re.Pattern,
+                 layer_names: Mapping[str, str]) -> tuple[str | None, int | None]:
+    """(params field, layer index or None) of a checkpoint tensor name; (None, None) when it is unknown.
+    `layer_pattern` captures (layer index, name within the layer)."""
+    if name in global_names:
+        return global_names[name], None
+    m = layer_pattern.fullmatch(name)
+    if m and m.group(2) in layer_names:
+        return layer_names[m.group(2)], int(m.group(1))
+    return None, None

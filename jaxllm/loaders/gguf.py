@@ -12,7 +12,7 @@ from gguf.quants import dequantize
 
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
-from jaxllm.loaders.assemble import assemble_params
+from jaxllm.loaders.assemble import assemble_params, tensor_field
 from jaxllm.model.params import LlamaParams
 
 Q = GGMLQuantizationType
@@ -79,7 +79,7 @@ def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaPar
 def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
     permute_qk = _arch(reader) == "llama"  # llama.cpp's converter reorders Q/K rows only for this architecture
     for tensor in reader.tensors:
-        field, layer = _map_name(tensor.name)
+        field, layer = tensor_field(tensor.name, _GLOBAL_NAMES, _LAYER_RE, _LAYER_NAMES)
         if field is None:
             if tensor.name == "rope_freqs.weight":
                 raise ModelLoadError(path, "rope_freqs.weight (GGUF rope frequency factors) is not supported")
@@ -140,12 +140,3 @@ def _vocab_size(reader: GGUFReader, arch: str, path: Path) -> int:
             raise ModelLoadError(path, f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
         size = len(tokens.data)
     return int(size)
-
-
-def _map_name(name: str) -> tuple[str | None, int | None]:
-    if name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[name], None
-    m = _LAYER_RE.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return _LAYER_NAMES[m.group(2)], int(m.group(1))
-    return None, None

@@ -50,7 +50,8 @@ def _resolve_dir(path: Path) -> ModelSource:
     if ggufs:
         raise ModelLoadError(path, f"holds {len(ggufs)} .gguf files; name one of them")
     pickles = [p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES]
-    why = f" (found pickle checkpoints {pickles}, which are refused: unpickling can run arbitrary code)" if pickles else ""
+    why = f" (found pickle checkpoints {pickles}, which are refused: unpickling can run arbitrary code)" \
+        if pickles else ""
     raise ModelLoadError(path, f"not a model directory: no config.json, {ORBAX_MARKER} or .gguf file{why}")
 
 

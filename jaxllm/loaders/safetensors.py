@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
-from jaxllm.loaders.assemble import assemble_params
+from jaxllm.loaders.assemble import assemble_params, tensor_field
 from jaxllm.model.params import LlamaParams
 
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
@@ -69,7 +69,7 @@ def _read_file(path: Path, config: ModelConfig) -> Iterator[tuple[str, int | Non
     try:
         with jax.default_device(jax.devices("cpu")[0]), safe_open(str(path), framework="flax") as f:
             for name in f.keys():
-                field, layer = _map_name(name)
+                field, layer = tensor_field(name, _GLOBAL_NAMES, _LAYER_RE, _LAYER_NAMES)
                 if field is None:
                     if name.endswith(_IGNORED_SUFFIX):
                         continue
@@ -81,12 +81,3 @@ def _read_file(path: Path, config: ModelConfig) -> Iterator[tuple[str, int | Non
         raise
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
         raise ModelLoadError(path, f"cannot read safetensors file (truncated or corrupt?): {e}") from None
-
-
-def _map_name(name: str) -> tuple[str | None, int | None]:
-    if name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[name], None
-    m = _LAYER_RE.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return _LAYER_NAMES[m.group(2)], int(m.group(1))
-    return None, None

@@ -68,7 +68,7 @@ def _kquant_model():
 def test_k_quant_tensors_are_dequantized(qtype, tmp_path):
     """gguf-py cannot quantize K-types, so the test stores random blocks and checks the loader's output equals
     the reference dequantization of the same bytes (with llama.cpp's Q row order undone)."""
-    block_elems, block_bytes = 256, {Q.Q4_K: 144, Q.Q6_K: 210}[qtype]
+    block_bytes = {Q.Q4_K: 144, Q.Q6_K: 210}[qtype]  # bytes per 256-element super-block
     rng = np.random.RandomState(0)
     raw = {name: rng.randint(0, 256, size=(rows, block_bytes), dtype=np.uint8)
            for name, rows in [("blk.0.ffn_up.weight", 256), ("blk.0.attn_q.weight", 256)]}
