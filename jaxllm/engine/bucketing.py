@@ -66,9 +66,6 @@ class Buckets:
     def decode_shapes(self) -> list[StepShape]:
         return [StepShape(s, s, mb, 0, 1) for s, mb in itertools.product(self._seq_sizes(), self._block_sizes())]
 
-    def contains(self, shape: StepShape) -> bool:
-        return shape in set(self.all_shapes())
-
     def _seq_sizes(self) -> tuple[int, ...]:
         return pow2_range(1, self.max_num_seqs)
 
