@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import time
 from typing import Any, Sequence
 
@@ -24,8 +23,6 @@ from jaxllm.engine.runner import ModelRunner
 from jaxllm.engine.scheduler import Scheduler
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
-
-logger = logging.getLogger(__name__)
 
 PromptType = str | Sequence[int] | dict
 

@@ -72,6 +72,7 @@ class ModelRunner:
         self._step = jax.jit(functools.partial(_step, config=self.config, attention=attention),
                              donate_argnums=(1,))
         self.step_shapes: set[StepShape] = set()  # step shapes run so far
+        self._programs_logged = 0
 
     @property
     def num_compiled_programs(self) -> int:
@@ -103,6 +104,9 @@ class ModelRunner:
         sampled, prompt_out, self.kv = self._step(self.params, self.kv, batch, sampling,
                                                   _pad(sample_rows, shape.num_seqs), prompt)
         sampled, prompt_out = jax.device_get((sampled, prompt_out))  # the step's one device-to-host copy
+        if self.num_compiled_programs > self._programs_logged:
+            self._programs_logged = self.num_compiled_programs
+            logger.info("compiled step program %d for shape %s", self._programs_logged, shape)
         results = {c.request.request_id: _sample_result(sampled, i, c.request.sampling_params.logprobs)
                    for i, c in enumerate(sampling_chunks)}
         return results, self._split_prompt_logprobs(chunks, prompt_spans, prompt_out)

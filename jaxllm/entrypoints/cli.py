@@ -1,4 +1,5 @@
-"""The `jaxllm` command line: `jaxllm generate PROMPT...` runs prompts through the engine and prints the text."""
+"""The `jaxllm` command line: `jaxllm generate PROMPT...` runs prompts through the engine and prints the text;
+`jaxllm serve [MODEL]` runs the OpenAI-compatible HTTP server."""
 
 from __future__ import annotations
 
@@ -23,8 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-model-len", type=int, default=2048)
     gen.add_argument("--chat", action="store_true", help="send each prompt as a user message through the "
                      "model's chat template")
+    from jaxllm.entrypoints.openai.api_server import add_serve_args
+
+    add_serve_args(commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API"))
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            from jaxllm.entrypoints.openai.api_server import run_server
+
+            return run_server(args)
         return _generate(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
         print(f"jaxllm: error: {e}", file=sys.stderr)

@@ -1,0 +1,206 @@
+"""AsyncEngine: the LLMEngine driven by one background thread, fed by many asyncio request handlers.
+
+    handlers (event loop)                         engine thread
+    generate() --("add", ...)--> inbox ---------> add_request (ValueError goes back to the handler)
+    abort()    --("abort", id)-> inbox ---------> abort_request (blocks freed before the next step)
+    per-request asyncio.Queue <- call_soon_threadsafe <- step() outputs (delta kind)
+
+The engine itself is single-threaded: only the engine thread touches it. Inbox commands are applied between
+steps, so every step batches all the requests that are running at that moment (continuous batching).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import Any, AsyncIterator
+
+from jaxllm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from jaxllm.outputs import RequestOutput
+from jaxllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.05
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class QueueFullError(RuntimeError):
+    pass
+
+
+_ACCEPTED = object()  # the engine thread took the request
+
+
+class RequestStream:
+    """The delta outputs of one accepted request. Closing it before the last output (client gone) aborts the
+    request, which frees its KV blocks before the next step."""
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, outputs: asyncio.Queue):
+        self.engine, self.request_id, self._outputs = engine, request_id, outputs
+        self.finished = False
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._outputs.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.engine._release(self.request_id, self.finished)
+
+
+@dataclasses.dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    tracker: RequestTracker
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    def __init__(self, engine, metrics: ServerMetrics, max_queue_len: int | None = None):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue_len = max_queue_len
+        self.max_num_seqs = engine.scheduler_config.max_num_seqs
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._num_in_flight = 0  # event loop only: accepted and not yet finished or aborted
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------------ event-loop side
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Finish the requests already in the engine, then stop the thread."""
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    def check_capacity(self) -> None:
+        """Raise QueueFullError when more than max_queue_len requests would wait for a batch slot."""
+        if self.max_queue_len is not None and self._num_in_flight >= self.max_num_seqs + self.max_queue_len:
+            raise QueueFullError(f"the server is at capacity: {self._num_in_flight} requests in flight "
+                                 f"({self.max_num_seqs} batch slots + a queue of {self.max_queue_len})")
+
+    async def add_request(self, request_id: str, prompt, params: SamplingParams) -> "RequestStream":
+        """Submit a request and wait until the engine thread accepted it (between two steps). Raises ValueError
+        for an invalid request, QueueFullError, or EngineDeadError."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine loop is not running")
+        self.check_capacity()
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), RequestTracker(time.monotonic()))
+        handle = RequestStream(self, request_id, stream.queue)
+        self._inbox.put(("add", request_id, prompt, params, stream))
+        self._num_in_flight += 1
+        try:
+            first = await stream.queue.get()
+        except BaseException:
+            handle.close()
+            raise
+        if isinstance(first, BaseException):
+            handle.finished = True
+            handle.close()
+            raise first
+        return handle
+
+    def _release(self, request_id: str, finished: bool) -> None:
+        self._num_in_flight -= 1
+        if not finished:
+            self._inbox.put(("abort", request_id))
+
+    # ------------------------------------------------------------------ engine-thread side
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = self.engine.has_unfinished_requests()
+                if not busy and self._stopping.is_set() and self._inbox.empty():
+                    break
+                self._apply_commands(block=not busy)
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                self.metrics.record_engine(self.engine.stats())
+        except BaseException as e:  # noqa: BLE001 - any failure kills the loop; /health reports it
+            logger.exception("the engine loop died")
+            self.error = e
+            self._fail_all(EngineDeadError(f"the engine loop died: {e!r}"))
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        for stream in self._streams.values():
+            stream.put(error)
+        self._streams.clear()
+        while True:  # requests submitted but never applied
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                command[-1].put(error)
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            command = self._inbox.get(timeout=IDLE_POLL_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(command)
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, command: tuple) -> None:
+        if command[0] == "abort":
+            request_id = command[1]
+            if self._streams.pop(request_id, None) is not None:
+                self.engine.abort_request(request_id)
+            return
+        _, request_id, prompt, params, stream = command
+        try:
+            self.engine.add_request(request_id, prompt, params, arrival_time=stream.tracker.arrival_time,
+                                    output_kind="delta")
+        except ValueError as e:
+            stream.put(e)
+            return
+        self._streams[request_id] = stream
+        stream.put(_ACCEPTED)
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        sampled = sum(len(output.outputs) for output in outputs)
+        if sampled:
+            self.metrics.step_seqs.observe(sampled)
+        now = time.monotonic()
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            self.metrics.record_output(output, stream.tracker, now)
+            if output.finished:
+                del self._streams[output.request_id]
+            stream.put(output)

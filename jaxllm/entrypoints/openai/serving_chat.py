@@ -1,0 +1,100 @@
+"""POST /v1/chat/completions: the messages rendered by the model's chat template, n samples of the reply."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from jaxllm.entrypoints.openai.async_engine import EngineDeadError
+from jaxllm.entrypoints.openai.errors import OpenAIError, bad_request
+from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, ChatCompletionRequest, \
+    ChatCompletionResponse, ChatLogprobs, ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage, \
+    TopLogprob, random_id, usage
+from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, sse_error, \
+    token_text
+from jaxllm.outputs import CompletionOutput
+from jaxllm.tokenizer import chat_prompt_ids
+
+
+class ChatServing(ServingBase):
+    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+        self.check_model(request.model)
+        try:
+            logprobs = request.requested_logprobs()
+        except ValueError as e:
+            raise bad_request(str(e), "top_logprobs") from None
+        params = self.sampling_params(request, request.requested_max_tokens(), logprobs)
+        prompt_ids = self.render(request.messages)
+        request_id = random_id("chatcmpl")
+        streams = await self.submit(request_id, [{"prompt_token_ids": prompt_ids}], params)
+        if request.stream:
+            return self._stream(request_id, request, streams)
+        return await self._full(request_id, request, streams)
+
+    def render(self, messages) -> list[int]:
+        if self.tokenizer is None:
+            raise bad_request("chat needs a tokenizer; this server runs without one", "messages")
+        try:
+            return chat_prompt_ids(self.tokenizer, [m.as_template_input() for m in messages])
+        except ValueError as e:
+            raise bad_request(str(e), "messages") from None
+        except Exception as e:  # noqa: BLE001 - template errors (jinja) are the caller's messages' fault
+            raise bad_request(f"the chat template failed on these messages: {e}", "messages") from None
+
+    async def _full(self, request_id: str, request: ChatCompletionRequest, streams) -> ChatCompletionResponse:
+        texts: dict[int, list[str]] = {}
+        last: dict[int, CompletionOutput] = {}
+        logprobs: dict[int, list[ChatLogprobToken]] = {}
+        prompt_tokens = generated = 0
+        async for _, output in merge(streams):
+            prompt_tokens = len(output.prompt_token_ids)
+            for completion in output.outputs:
+                texts.setdefault(completion.index, []).append(completion.text)
+                generated += len(completion.token_ids)
+                logprobs.setdefault(completion.index, []).extend(self._logprobs(completion, request))
+                last[completion.index] = completion
+        choices = [ChatChoice(index=i, message=ChatResponseMessage(content="".join(texts[i])),
+                              logprobs=ChatLogprobs(content=logprobs[i]) if request.logprobs else None,
+                              finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
+                   for i in sorted(texts)]
+        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
+                                      usage=usage(prompt_tokens, generated))
+
+    async def _stream(self, request_id: str, request: ChatCompletionRequest, streams) -> AsyncIterator[str]:
+        def chunk(choices, usage_info=None) -> str:
+            return sse(ChatCompletionChunk(id=request_id, model=self.model_name, choices=choices, usage=usage_info))
+
+        yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                     for i in range(request.n)])
+        prompt_tokens = generated = 0
+        try:
+            async for _, output in merge(streams):
+                prompt_tokens = len(output.prompt_token_ids)
+                for completion in output.outputs:
+                    generated += len(completion.token_ids)
+                    logprobs = ChatLogprobs(content=self._logprobs(completion, request)) if request.logprobs \
+                        else None
+                    yield chunk([ChatStreamChoice(index=completion.index, delta=DeltaMessage(content=completion.text),
+                                                  logprobs=logprobs, finish_reason=completion.finish_reason,
+                                                  stop_reason=completion.stop_reason)])
+        except EngineDeadError as e:
+            yield sse_error(OpenAIError(503, str(e)))
+        if request.include_usage:
+            yield chunk([], usage(prompt_tokens, generated))
+        yield SSE_DONE
+
+    def _logprobs(self, completion: CompletionOutput, request: ChatCompletionRequest) -> list[ChatLogprobToken]:
+        if not request.logprobs:
+            return []
+        top_n = request.top_logprobs or 0
+        tokens = []
+        for token_id, entry in zip(completion.token_ids, completion.logprobs or []):
+            sampled, top = sampled_and_top(entry, token_id, top_n)
+            text = token_text(sampled, self.tokenizer, token_id)
+            tokens.append(ChatLogprobToken(token=text, logprob=sampled.logprob, bytes=list(text.encode()),
+                                           top_logprobs=[_top(lp, tid, self.tokenizer) for tid, lp in top]))
+        return tokens
+
+
+def _top(logprob, token_id: int, tokenizer) -> TopLogprob:
+    text = token_text(logprob, tokenizer, token_id)
+    return TopLogprob(token=text, logprob=logprob.logprob, bytes=list(text.encode()))

@@ -1,0 +1,103 @@
+"""POST /v1/completions: one engine request per prompt, n samples each; choice index = prompt * n + sample."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from jaxllm.entrypoints.openai.async_engine import EngineDeadError
+from jaxllm.entrypoints.openai.errors import OpenAIError
+from jaxllm.entrypoints.openai.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, \
+    CompletionResponse, random_id, usage
+from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, sse_error, \
+    token_text
+from jaxllm.outputs import CompletionOutput, RequestOutput
+
+DEFAULT_MAX_TOKENS = 16  # the OpenAI default for completions
+
+
+class CompletionServing(ServingBase):
+    async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+        self.check_model(request.model)
+        if request.suffix:
+            raise OpenAIError(400, "suffix is not supported", "suffix")
+        max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+        params = self.sampling_params(request, max_tokens, request.logprobs)
+        prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in request.prompts()]
+        request_id = random_id("cmpl")
+        streams = await self.submit(request_id, prompts, params)
+        if request.stream:
+            return self._stream(request_id, request, streams)
+        return await self._full(request_id, request, streams)
+
+    async def _full(self, request_id: str, request: CompletionRequest, streams) -> CompletionResponse:
+        n = request.n
+        texts: dict[int, list[str]] = {}
+        last: dict[int, CompletionOutput] = {}
+        logprobs: dict[int, CompletionLogprobs] = {}
+        prompt_ids: dict[int, list[int]] = {}
+        generated = 0
+        async for p, output in merge(streams):
+            prompt_ids[p] = output.prompt_token_ids
+            for completion in output.outputs:
+                index = p * n + completion.index
+                if index not in texts:
+                    texts[index] = [self._echo(request, output)]
+                texts[index].append(completion.text)
+                generated += len(completion.token_ids)
+                if request.logprobs is not None:
+                    self._add_logprobs(logprobs.setdefault(index, CompletionLogprobs()), completion,
+                                       request.logprobs, sum(map(len, texts[index][:-1])))
+                last[index] = completion
+        choices = [CompletionChoice(index=i, text="".join(texts[i]), logprobs=logprobs.get(i),
+                                    finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
+                   for i in sorted(texts)]
+        prompt_tokens = sum(len(ids) for ids in prompt_ids.values())
+        return CompletionResponse(id=request_id, model=self.model_name, choices=choices,
+                                  usage=usage(prompt_tokens, generated))
+
+    async def _stream(self, request_id: str, request: CompletionRequest, streams) -> AsyncIterator[str]:
+        n, started = request.n, set()
+        prompt_tokens, generated = {}, 0
+        try:
+            async for p, output in merge(streams):
+                prompt_tokens[p] = len(output.prompt_token_ids)
+                for completion in output.outputs:
+                    index = p * n + completion.index
+                    text = completion.text
+                    if index not in started:
+                        started.add(index)
+                        text = self._echo(request, output) + text
+                    generated += len(completion.token_ids)
+                    logprobs = None
+                    if request.logprobs is not None:
+                        logprobs = CompletionLogprobs()
+                        self._add_logprobs(logprobs, completion, request.logprobs, 0)
+                    choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                              finish_reason=completion.finish_reason,
+                                              stop_reason=completion.stop_reason)
+                    yield sse(CompletionResponse(id=request_id, model=self.model_name, choices=[choice]))
+        except EngineDeadError as e:
+            yield sse_error(OpenAIError(503, str(e)))
+        if request.include_usage:
+            yield sse(CompletionResponse(id=request_id, model=self.model_name, choices=[],
+                                         usage=usage(sum(prompt_tokens.values()), generated)))
+        yield SSE_DONE
+
+    def _echo(self, request: CompletionRequest, output: RequestOutput) -> str:
+        if not request.echo:
+            return ""
+        if output.prompt is not None:
+            return output.prompt
+        return self.tokenizer.decode(output.prompt_token_ids) if self.tokenizer is not None else ""
+
+    def _add_logprobs(self, into: CompletionLogprobs, completion: CompletionOutput, top_n: int,
+                      offset: int) -> None:
+        for token_id, entry in zip(completion.token_ids, completion.logprobs or []):
+            sampled, top = sampled_and_top(entry, token_id, top_n)
+            text = token_text(sampled, self.tokenizer, token_id)
+            into.text_offset.append(offset)
+            into.tokens.append(text)
+            into.token_logprobs.append(sampled.logprob)
+            into.top_logprobs.append({token_text(lp, self.tokenizer, tid): lp.logprob for tid, lp in top}
+                                     if top_n else None)
+            offset += len(text)
