@@ -8,7 +8,6 @@ and stops the engine thread.
 from __future__ import annotations
 
 import argparse
-import hmac
 import logging
 import signal
 import sys
@@ -22,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import jaxllm
 from jaxllm.entrypoints.openai.async_engine import AsyncEngine
 from jaxllm.entrypoints.openai.errors import OpenAIError, error_response
+from jaxllm.entrypoints.openai.guards import RequestGuard
 from jaxllm.entrypoints.openai.metrics import ServerMetrics
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
     ModelCard, ModelList, TokenizeRequest
@@ -31,7 +31,6 @@ from jaxllm.entrypoints.openai.serving_completion import CompletionServing
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
-OPEN_PATHS = ("/health", "/metrics", "/version")  # reachable without the API key
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -94,7 +93,7 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     app.state.completions = CompletionServing(async_engine, served_model_names)
     app.state.chat = ChatServing(async_engine, served_model_names)
     _add_error_handlers(app)
-    _add_guards(app, api_key, max_body_bytes)
+    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
     _add_routes(app)
     return app
 
@@ -129,22 +128,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException):
         return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
-
-
-def _add_guards(app: FastAPI, api_key: str | None, max_body_bytes: int) -> None:
-    expected = None if api_key is None else f"Bearer {api_key}".encode()
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if expected is not None and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return error_response(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
-                                      code="invalid_api_key")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            return error_response(413, f"the request body has {length} bytes; the limit is {max_body_bytes}")
-        return await call_next(request)
 
 
 def _add_routes(app: FastAPI) -> None:

@@ -1,8 +1,8 @@
 """AsyncEngine: the LLMEngine driven by one background thread, fed by many asyncio request handlers.
 
     handlers (event loop)                         engine thread
-    generate() --("add", ...)--> inbox ---------> add_request (ValueError goes back to the handler)
-    abort()    --("abort", id)-> inbox ---------> abort_request (blocks freed before the next step)
+    add_request() -("add", ...)-> inbox --------> engine.add_request (a ValueError goes back to the handler)
+    stream closed -("abort", id)-> inbox -------> engine.abort_request (blocks freed before the next step)
     per-request asyncio.Queue <- call_soon_threadsafe <- step() outputs (delta kind)
 
 The engine itself is single-threaded: only the engine thread touches it. Inbox commands are applied between
@@ -63,7 +63,7 @@ class RequestStream:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.engine._release(self.request_id, self.finished)
+            self.engine.release(self.request_id, self.finished)
 
 
 @dataclasses.dataclass
@@ -98,7 +98,7 @@ class AsyncEngine:
         return self._thread.is_alive() and self.error is None
 
     def shutdown(self, timeout: float | None = None) -> None:
-        """Finish the requests already in the engine, then stop the thread."""
+        """Stop the thread after its current step, aborting what is left (call once the HTTP server drained)."""
         self._stopping.set()
         self._thread.join(timeout)
 
@@ -129,7 +129,8 @@ class AsyncEngine:
             raise first
         return handle
 
-    def _release(self, request_id: str, finished: bool) -> None:
+    def release(self, request_id: str, finished: bool) -> None:
+        """A RequestStream is done with: abort its request in the engine unless it finished."""
         self._num_in_flight -= 1
         if not finished:
             self._inbox.put(("abort", request_id))
@@ -137,18 +138,25 @@ class AsyncEngine:
     # ------------------------------------------------------------------ engine-thread side
     def _run(self) -> None:
         try:
-            while True:
+            while not self._stopping.is_set():
                 busy = self.engine.has_unfinished_requests()
-                if not busy and self._stopping.is_set() and self._inbox.empty():
-                    break
                 self._apply_commands(block=not busy)
                 if self.engine.has_unfinished_requests():
                     self._step()
                 self.metrics.record_engine(self.engine.stats())
+            self._abort_remaining()
         except BaseException as e:  # noqa: BLE001 - any failure kills the loop; /health reports it
             logger.exception("the engine loop died")
             self.error = e
             self._fail_all(EngineDeadError(f"the engine loop died: {e!r}"))
+
+    def _abort_remaining(self) -> None:
+        """At shutdown: the server already waited for its requests, so whatever is left has no one waiting."""
+        self._apply_commands(block=False)
+        for request_id in list(self._streams):
+            self.engine.abort_request(request_id)
+        self._fail_all(EngineDeadError("the server is shutting down"))
+        self.metrics.record_engine(self.engine.stats())
 
     def _fail_all(self, error: EngineDeadError) -> None:
         for stream in self._streams.values():

@@ -37,7 +37,8 @@ class ServerMetrics:
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token")
         self.itl = histogram("inter_token_latency_seconds", "Time between consecutive generated tokens")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to the last token of a request")
-        self.step_seqs = histogram("iteration_num_seqs", "Sequences that produced a token in one engine step", BATCH_BUCKETS)
+        self.step_seqs = histogram("iteration_num_seqs", "Sequences that produced a token in one engine step",
+                                   BATCH_BUCKETS)
         self._success = Counter("jaxllm:request_success", "Finished requests by finish reason",
                                 labels + ["finished_reason"], registry=r)
         self._model = m

@@ -1,0 +1,134 @@
+"""The API through the official openai client: completions, chat, streaming, n > 1, stop, logprobs, usage."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.helpers import MODEL, client, metrics
+
+
+@pytest.fixture(scope="module")
+def api(server):
+    return client(server.url)
+
+
+def test_models_version_health(server, api):
+    models = api.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/version").json()["version"]
+
+
+def test_completion_greedy_is_deterministic_and_counts_usage(api):
+    first = api.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    again = api.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    choice = first.choices[0]
+    assert choice.text and choice.text == again.choices[0].text
+    assert choice.finish_reason == "length"
+    assert first.usage.completion_tokens == 8
+    assert first.usage.total_tokens == first.usage.prompt_tokens + 8
+    assert first.object == "text_completion" and first.model == MODEL
+
+
+def test_completion_prompt_forms_and_echo(api, server):
+    tokens = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()["tokens"]
+    assert httpx.post(server.url + "/detokenize", json={"tokens": tokens}).json()["prompt"] == "Hello world"
+    by_text = api.completions.create(model=MODEL, prompt="Hello world", max_tokens=5, temperature=0)
+    by_ids = api.completions.create(model=MODEL, prompt=tokens, max_tokens=5, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    batch = api.completions.create(model=MODEL, prompt=["Hello world", "Goodbye"], max_tokens=5, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == by_text.choices[0].text
+    echoed = api.completions.create(model=MODEL, prompt="Hello world", max_tokens=5, temperature=0, echo=True)
+    assert echoed.choices[0].text == "Hello world" + by_text.choices[0].text
+
+
+def test_completion_n_seed_and_stop(api):
+    out = api.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, n=3, temperature=1.0,
+                                 seed=7)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    assert out.usage.completion_tokens == 36
+    same = api.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, n=3, temperature=1.0,
+                                  seed=7)
+    assert [c.text for c in same.choices] == [c.text for c in out.choices]
+    full = api.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0).choices[0]
+    stop = full.text[len(full.text) // 2:][:4]
+    assert stop.strip()
+    cut = api.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0,
+                                 stop=[stop]).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.index(stop)]
+    kept = api.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0, stop=[stop],
+                                  extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert kept.text == cut.text + stop
+
+
+def test_completion_logprobs(api):
+    out = api.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=3).choices[0]
+    lp = out.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == out.text
+    for logprob, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) == 3 and logprob <= 0
+        assert max(top.values()) == pytest.approx(logprob, abs=1e-5)  # greedy: the sampled token is the top one
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(4)]
+
+
+def test_completion_stream_matches_non_stream(api):
+    full = api.completions.create(model=MODEL, prompt="Streaming test", max_tokens=10, temperature=0)
+    chunks = list(api.completions.create(model=MODEL, prompt="Streaming test", max_tokens=10, temperature=0,
+                                         stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_chat_and_chat_stream(api):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    out = api.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=8, temperature=0,
+                                      logprobs=True, top_logprobs=2)
+    choice = out.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert out.usage.completion_tokens == 8 and choice.finish_reason == "length"
+    assert len(choice.logprobs.content) == 8 and all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
+    chunks = list(api.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.prompt_tokens == out.usage.prompt_tokens and chunks[-1].usage.completion_tokens == 8
+
+
+def test_chat_n_greater_than_one_streams_every_choice(api):
+    chunks = list(api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2,
+                                              max_tokens=5, temperature=0.8, seed=3, stream=True))
+    texts = {0: "", 1: ""}
+    finished = set()
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1} and all(texts.values())
+
+
+def test_tokenize_chat_messages(server):
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    out = httpx.post(server.url + "/tokenize", json=body).json()
+    assert out["count"] == len(out["tokens"]) > 2 and out["max_model_len"] == 256
+
+
+def test_metrics_count_requests_and_tokens(server, api):
+    before = metrics(server.url)
+    api.completions.create(model=MODEL, prompt="metrics", max_tokens=6, temperature=0)
+    after = metrics(server.url)
+    assert after["jaxllm:generation_tokens_total"] - before["jaxllm:generation_tokens_total"] == 6
+    assert after["jaxllm:prompt_tokens_total"] > before["jaxllm:prompt_tokens_total"]
+    assert after['jaxllm:request_success_total{finished_reason="length"}'] > \
+        before.get('jaxllm:request_success_total{finished_reason="length"}', 0)
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        assert after[f"jaxllm:{name}_count"] > before.get(f"jaxllm:{name}_count", 0)
+    assert after["jaxllm:num_requests_running"] == 0 and after["jaxllm:kv_cache_usage_perc"] == 0
+    assert "jaxllm:prefix_cache_hits_total" in after and "jaxllm:num_requests_waiting" in after
