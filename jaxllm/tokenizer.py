@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from jaxllm.errors import ModelLoadError
+from jaxllm.loaders.gguf_tokenizer import load_gguf_tokenizer
 from jaxllm.loaders.resolve import ModelSource
 
 
@@ -14,7 +15,7 @@ def load_tokenizer(source: ModelSource):
     path = source.path
     try:
         if source.kind == "gguf":  # vocabulary, merges and chat template all come from the GGUF metadata
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            return load_gguf_tokenizer(path)
         directory = path / "tokenizer" if source.kind == "orbax" else path
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as e:
