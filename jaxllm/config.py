@@ -57,10 +57,6 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
 
-    @property
-    def queries_per_kv_head(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     @classmethod
     def from_hf_config(cls, hf: Mapping[str, Any], source: str = "config.json") -> "ModelConfig":
         """Build from a Hugging Face config.json dict; `source` names the file in error messages."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from jaxllm.loaders import LoadedModel
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
+from jaxllm.model.params import params_dtype
 
 
 def greedy_generate(
@@ -36,8 +36,7 @@ def greedy_generate(
                          f"{config.max_position_embeddings}")
     blocks_per_seq = -(-longest // block_size)
     tables = [list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)) for i in range(len(prompts))]
-    dtype = jax.tree_util.tree_leaves(loaded.params)[0].dtype
-    kv = init_kv_cache(config, 1 + len(prompts) * blocks_per_seq, block_size, dtype)
+    kv = init_kv_cache(config, 1 + len(prompts) * blocks_per_seq, block_size, params_dtype(loaded.params))
     forward = jit_forward(config)
 
     total = sum(len(p) for p in prompts)

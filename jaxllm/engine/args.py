@@ -9,7 +9,7 @@ import jax
 
 from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.model.kv_cache import kv_cache_bytes
-from jaxllm.model.params import param_bytes
+from jaxllm.model.params import param_bytes, params_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,7 @@ class EngineArgs:
     def _num_blocks(self, loaded, max_model_len: int) -> int:
         if self.num_gpu_blocks is not None:
             return self.num_gpu_blocks
-        dtype = jax.tree_util.tree_leaves(loaded.params)[0].dtype
-        per_block = kv_cache_bytes(loaded.config, 1, self.block_size, dtype)
+        per_block = kv_cache_bytes(loaded.config, 1, self.block_size, params_dtype(loaded.params))
         if self.kv_cache_memory_bytes is not None:
             budget = self.kv_cache_memory_bytes
         elif jax.default_backend() == "gpu":

@@ -91,11 +91,6 @@ class BlockPool:
         block.block_hash = block_hash
         self._cached[block_hash] = block
 
-    def reset_prefix_cache(self) -> None:
-        for block in self._cached.values():
-            block.block_hash = None
-        self._cached.clear()
-
     def _evict(self, block: Block) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]

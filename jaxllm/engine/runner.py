@@ -24,10 +24,11 @@ from jaxllm.engine.bucketing import Buckets, StepShape, pow2_at_least
 from jaxllm.engine.output_processor import SampleResult
 from jaxllm.engine.scheduler import ScheduledChunk, SchedulerOutput
 from jaxllm.model import SequenceChunk, build_step_batch, forward, init_kv_cache
+from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
 from jaxllm.sampler import sample
 from jaxllm.sampling_batch import SamplingRow, build_sampling_batch
-from jaxllm.sampling_params import MAX_LOGPROBS
+from jaxllm.sampling_params import MAX_LOGPROBS, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,7 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.seed = seed
         self.eos_token_ids = eos_token_ids
-        dtype = jax.tree_util.tree_leaves(self.params)[0].dtype
-        self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, dtype)
+        self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, params_dtype(self.params))
         self.buckets = Buckets(scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
                                -(-scheduler.max_model_len // cache.block_size))
         self._step = jax.jit(functools.partial(_step, config=self.config, attention=attention),
@@ -160,8 +160,6 @@ class ModelRunner:
 
     def warmup(self) -> None:
         """Compile the decode programs of every (S, MB) bucket (greedy sampling) before serving."""
-        from jaxllm.sampling_params import SamplingParams
-
         greedy = SamplingParams(temperature=0.0)
         for shape in self.buckets.decode_shapes():
             chunks = [SequenceChunk([0], 0, [0] * shape.max_blocks) for _ in range(shape.num_seqs)]

@@ -20,7 +20,7 @@ from jaxllm.config import Llama3RopeScaling, ModelConfig
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.assemble import numpy_dtype
 from jaxllm.loaders.resolve import ORBAX_MARKER
-from jaxllm.model.params import LlamaParams, abstract_params
+from jaxllm.model.params import LlamaParams, abstract_params, params_dtype
 
 FORMAT_VERSION = 1
 
@@ -29,7 +29,7 @@ def save_checkpoint(path: str | Path, config: ModelConfig, params: LlamaParams, 
     path = Path(path).absolute()
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"{path}: refusing to overwrite a non-empty directory")
-    dtype = str(jax.tree_util.tree_leaves(params)[0].dtype)
+    dtype = str(params_dtype(params))
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path / "params", params)
     if tokenizer is not None:

@@ -22,14 +22,6 @@ class KVCache:
     k: jax.Array  # [L, N, Hkv, B, D]
     v: jax.Array  # [L, N, Hkv, B, D]
 
-    @property
-    def num_blocks(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def block_size(self) -> int:
-        return self.k.shape[3]
-
 
 def init_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype=jnp.float32) -> KVCache:
     if num_blocks < 2:

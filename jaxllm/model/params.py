@@ -81,5 +81,10 @@ def random_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale:
     return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 
+def params_dtype(params: LlamaParams):
+    """The dtype every weight is stored in."""
+    return jax.tree_util.tree_leaves(params)[0].dtype
+
+
 def param_bytes(params: LlamaParams) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
