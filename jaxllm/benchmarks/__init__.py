@@ -1,0 +1,1 @@
+"""Benchmark building blocks: the jitted timing harness, model shape presets and synthetic datasets."""
