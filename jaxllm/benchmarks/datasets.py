@@ -1,0 +1,30 @@
+"""Synthetic benchmark workloads: requests as (prompt token ids, output length) pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def length_range(length: int, range_ratio: float) -> tuple[int, int]:
+    """vLLM's random-dataset bounds: [int(length * (1 - r)), int(length * (1 + r))], at least 1 token."""
+    return max(int(length * (1 - range_ratio)), 1), max(int(length * (1 + range_ratio)), 1)
+
+
+def random_requests(num_prompts: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
+                    seed: int) -> list[tuple[list[int], int]]:
+    """Prompts of uniformly random token ids in [0, vocab_size); lengths uniform (inclusive) in length_range.
+
+    The same arguments always give the same requests (numpy's PCG64 seeded with `seed`).
+    """
+    if not 0.0 <= range_ratio < 1.0:
+        raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
+    if min(num_prompts, input_len, output_len, vocab_size) < 1:
+        raise ValueError("num_prompts, input_len, output_len and vocab_size must be >= 1")
+    rng = np.random.default_rng(seed)
+    input_lens = rng.integers(*_inclusive(length_range(input_len, range_ratio)), size=num_prompts)
+    output_lens = rng.integers(*_inclusive(length_range(output_len, range_ratio)), size=num_prompts)
+    return [(rng.integers(0, vocab_size, size=n).tolist(), int(m)) for n, m in zip(input_lens, output_lens)]
+
+
+def _inclusive(bounds: tuple[int, int]) -> tuple[int, int]:
+    return bounds[0], bounds[1] + 1
