@@ -1,6 +1,7 @@
 """Turn a loader's named numpy tensors into LlamaParams, checking every shape against the config.
 
-Loaders map their own tensor names to (field, layer) pairs: field is a LlamaParams / LayerParams field name,
+Loaders map their own tensor names to (field, layer) pairs: field is a LlamaParams field or a checkpoint layer
+field (params.checkpoint_layer_shapes: q/k/v and gate/up apart, fused here after the checks),
 layer is the layer index or None for a global tensor. One place reports missing, duplicate and mis-shaped tensors.
 """
 
@@ -15,7 +16,8 @@ import numpy as np
 
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
-from jaxllm.model.params import LayerParams, LlamaParams, global_param_shapes, layer_param_shapes
+from jaxllm.model.params import (LayerParams, LlamaParams, checkpoint_layer_shapes, fuse_layer_tensors,
+                                 global_param_shapes)
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -33,7 +35,7 @@ def assemble_params(
     dtype: str = "float32",
 ) -> LlamaParams:
     np_dtype = numpy_dtype(dtype)
-    layer_shapes, global_shapes = layer_param_shapes(config), global_param_shapes(config)
+    layer_shapes, global_shapes = checkpoint_layer_shapes(config), global_param_shapes(config)
     layers = {field: [None] * config.num_layers for field in layer_shapes}
     top: dict[str, np.ndarray] = {}
     for field, layer, name, array in tensors:
@@ -57,8 +59,9 @@ def assemble_params(
     if missing:
         raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    stacked = {field: jnp.asarray(np.stack(per)) for field, per in layers.items()}
-    return LlamaParams(layers=LayerParams(**stacked), **{k: jnp.asarray(v) for k, v in top.items()})
+    stacked = fuse_layer_tensors({field: np.stack(per) for field, per in layers.items()})
+    return LlamaParams(layers=LayerParams(**{k: jnp.asarray(v) for k, v in stacked.items()}),
+                       **{k: jnp.asarray(v) for k, v in top.items()})
 
 
 def tensor_field(name: str, global_names: Mapping[str, str], layer_pattern: re.Pattern,

@@ -26,9 +26,10 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
-def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """down(silu(gate(x)) * up(x)); x [T, H], w_gate/w_up [F, H], w_down [H, F]."""
-    return linear(jax.nn.silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+def swiglu(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """down(silu(gate(x)) * up(x)); x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]."""
+    gate, up = jnp.split(linear(x, w_gate_up), 2, axis=-1)  # [T, F] each
+    return linear(jax.nn.silu(gate) * up, w_down)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:

@@ -42,7 +42,7 @@ def forward(
         attn = attend(q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
         x = x + linear(attn.reshape(x.shape[0], -1), lp.wo)
         h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
-        x = x + swiglu(h, lp.w_gate, lp.w_up, lp.w_down)
+        x = x + swiglu(h, lp.w_gate_up, lp.w_down)
         return (x, k_pool, v_pool), None
 
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
@@ -55,11 +55,10 @@ def forward(
 
 
 def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig):
-    t = h.shape[0]
-    q = linear(h, lp.wq, lp.bq).reshape(t, config.num_heads, config.head_dim)
-    k = linear(h, lp.wk, lp.bk).reshape(t, config.num_kv_heads, config.head_dim)
-    v = linear(h, lp.wv, lp.bv).reshape(t, config.num_kv_heads, config.head_dim)
-    return q, k, v
+    t, d = h.shape[0], config.head_dim
+    qkv = linear(h, lp.w_qkv, lp.b_qkv)  # [T, (Hq + 2*Hkv)*D]
+    q, k, v = jnp.split(qkv, [config.num_heads * d, (config.num_heads + config.num_kv_heads) * d], axis=-1)
+    return q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
 
 
 def jit_forward(config: ModelConfig, attention: str = "auto"):

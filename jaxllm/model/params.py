@@ -1,6 +1,9 @@
 """The parameter pytree every loader produces: layer weights stacked on a leading [L] axis for lax.scan.
 
 Linear weights keep the Hugging Face [out, in] layout and are applied as x @ w.T (fast on CPU, see layers.linear).
+Projections that read the same input are stored fused along the output axis, so each is one larger matmul:
+q|k|v -> w_qkv and gate|up -> w_gate_up. Checkpoints hold them apart (CHECKPOINT_LAYER_FIELDS); the loaders
+check those and `fuse_layer_tensors` joins them.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jaxllm.config import ModelConfig
@@ -17,17 +21,12 @@ from jaxllm.config import ModelConfig
 @struct.dataclass
 class LayerParams:  # every leaf has a leading [L] axis
     attn_norm: jax.Array  # [L, H]
-    wq: jax.Array  # [L, Hq*D, H]
-    wk: jax.Array  # [L, Hkv*D, H]
-    wv: jax.Array  # [L, Hkv*D, H]
+    w_qkv: jax.Array  # [L, (Hq + 2*Hkv)*D, H]: rows q, then k, then v
     wo: jax.Array  # [L, H, Hq*D]
     mlp_norm: jax.Array  # [L, H]
-    w_gate: jax.Array  # [L, F, H]
-    w_up: jax.Array  # [L, F, H]
+    w_gate_up: jax.Array  # [L, 2*F, H]: rows gate, then up
     w_down: jax.Array  # [L, H, F]
-    bq: Optional[jax.Array] = None  # [L, Hq*D]  (Qwen2)
-    bk: Optional[jax.Array] = None  # [L, Hkv*D]
-    bv: Optional[jax.Array] = None  # [L, Hkv*D]
+    b_qkv: Optional[jax.Array] = None  # [L, (Hq + 2*Hkv)*D]  (Qwen2)
 
 
 @struct.dataclass
@@ -38,8 +37,12 @@ class LlamaParams:
     lm_head: Optional[jax.Array] = None  # [V, H]; None when tied to `embed`
 
 
-def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of one layer's slice of each LayerParams field (without the [L] axis)."""
+# fused LayerParams field -> the checkpoint fields joined along the output axis, in this order
+FUSED_FIELDS = {"w_qkv": ("wq", "wk", "wv"), "b_qkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
+
+
+def checkpoint_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of one layer's tensors as checkpoints store them (q, k, v, gate and up apart), without [L]."""
     h, f = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     shapes = {
@@ -49,6 +52,25 @@ def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if config.qkv_bias:
         shapes.update(bq=(q,), bk=(kv,), bv=(kv,))
     return shapes
+
+
+def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of one layer's slice of each LayerParams field (fused, without the [L] axis)."""
+    parts = checkpoint_layer_shapes(config)
+    shapes = {k: v for k, v in parts.items() if not any(k in p for p in FUSED_FIELDS.values())}
+    for fused, names in FUSED_FIELDS.items():
+        if names[0] in parts:
+            shapes[fused] = (sum(parts[n][0] for n in names), *parts[names[0]][1:])
+    return shapes
+
+
+def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Checkpoint-field arrays stacked as [L, out, ...] -> LayerParams-field arrays (fused on the out axis)."""
+    fused = {k: v for k, v in tensors.items() if not any(k in p for p in FUSED_FIELDS.values())}
+    for name, parts in FUSED_FIELDS.items():
+        if parts[0] in tensors:
+            fused[name] = np.concatenate([tensors[p] for p in parts], axis=1)
+    return fused
 
 
 def global_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
