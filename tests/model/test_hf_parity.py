@@ -6,6 +6,8 @@ each compared with the HF logits of the full sequence at the same positions (tea
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -20,10 +22,12 @@ NUM_BLOCKS = 48
 
 
 def hf_logits(model, token_ids, dtype=torch.float32) -> np.ndarray:
-    """[len(token_ids), V] logits of the HF model over the whole sequence."""
+    """[len(token_ids), V] logits of the HF model over the whole sequence. The shared fixture model is not
+    touched: a round trip through bfloat16 would round its weights for every later test."""
+    if dtype != torch.float32:
+        model = copy.deepcopy(model).to(dtype)
     with torch.no_grad():
-        out = model.to(dtype)(torch.tensor(np.asarray(token_ids)[None])).logits[0]
-    model.to(torch.float32)
+        out = model(torch.tensor(np.asarray(token_ids)[None])).logits[0]
     return out.float().numpy()
 
 
