@@ -90,7 +90,7 @@ def main():
     parser.add_argument("--workload", choices=["fixed", "mixed"], default="fixed")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--hf-dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (jax uses all cores)")
     parser.add_argument("--output-json", default=None)
@@ -110,8 +110,9 @@ def main():
     path = llm.engine.loaded.source.path
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     for dtype in args.hf_dtypes:
-        results.append(run_hf(hf, requests, args.hf_batch_size, getattr(torch, dtype)))
-        print(results[-1], flush=True)
+        for batch_size in args.hf_batch_sizes:
+            results.append(run_hf(hf, requests, batch_size, getattr(torch, dtype)))
+            print(results[-1], flush=True)
     best_hf = max((r for r in results if r["engine"].startswith("hf")), key=lambda r: r["tokens_per_s"])
     print("\n| engine | output tok/s | seconds |\n|---|---:|---:|")
     for r in results:
