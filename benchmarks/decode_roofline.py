@@ -1,5 +1,9 @@
-"""How close the decode step is to this machine's ceiling: achieved FLOP/s and bytes/s of the jitted step
-(XLA's cost analysis over the measured median) against a big matmul and a big copy timed in the same run.
+"""How close the decode step is to this machine's ceiling: the step's model FLOPs over its measured time,
+against a big matmul and a big copy timed in the same run (jaxllm.benchmarks.harness).
+
+FLOPs are counted from the config (2 per multiply-add: every linear layer, the LM head, and attention's two
+products over the context), not taken from XLA's cost analysis, which counts a while loop's body once and so
+sees one layer of the lax.scan.
 
     python benchmarks/decode_roofline.py [--batch-sizes 1 8 32 64] [--context 96]
 
@@ -34,6 +38,16 @@ def decode_inputs(config, batch_size: int, context: int):
     return kv, build_step_batch(chunks, BLOCK_SIZE)
 
 
+def decode_flops(config, batch_size: int, context: int, with_attention: bool = True) -> float:
+    """Model FLOPs of one decode step: batch_size tokens, each attending to context + 1 positions."""
+    h, d = config.hidden_size, config.head_dim
+    linear = h * (config.num_heads + 2 * config.num_kv_heads) * d + config.num_heads * d * h
+    linear += 3 * h * config.intermediate_size
+    attention = 2 * 2 * config.num_heads * d * (context + 1) if with_attention else 0
+    per_token = config.num_layers * (2 * linear + attention) + 2 * config.vocab_size * h
+    return float(batch_size * per_token)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -52,10 +66,15 @@ def main():
             step = functools.partial(forward, config=loaded.config, attention=attention)
             timing = time_jitted(step, loaded.params, kv, batch, name=f"b{batch_size} {attention}",
                                  iters=args.iters)
-            row = timing.row(ceiling)
-            row["tokens_per_s"] = batch_size / timing.median_s
-            pool_bytes = 2 * (kv.k.nbytes + kv.v.nbytes)  # read + written
-            row["pool_copy_ms"] = pool_bytes / ceiling.copy_bytes_per_s * 1e3
+            pool_copy_s = 2 * (kv.k.nbytes + kv.v.nbytes) / ceiling.copy_bytes_per_s  # read + written
+            step_s = timing.median_s - pool_copy_s
+            flops = decode_flops(loaded.config, batch_size, args.context, with_attention=attention == "reference")
+            row = {"step": timing.name, "median_ms": timing.median_s * 1e3, "p10_ms": timing.p10_s * 1e3,
+                   "p90_ms": timing.p90_s * 1e3, "pool_copy_ms (est.)": pool_copy_s * 1e3,
+                   "step_ms (net)": step_s * 1e3, "model_gflop": flops / 1e9,
+                   "gflop_per_s": flops / step_s / 1e9,
+                   "of_matmul_ceiling": flops / step_s / ceiling.matmul_flops_per_s,
+                   "tokens_per_s": batch_size / step_s, "compile_s": timing.compile_s}
             rows.append(row)
             print(format_table([row]).splitlines()[-1], flush=True)
     print("\n" + format_table(rows))

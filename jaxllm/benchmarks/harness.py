@@ -5,7 +5,9 @@
     print(format_table([t.row(c)]))                         # median/p10/p90 ms, spread, achieved rates, utilization
 
 Units: seconds, flops (floating-point operations, a multiply-add counts 2), bytes. Rates are per second.
-flops and bytes_accessed are XLA's own estimates from `compiled.cost_analysis()` for the whole program.
+flops and bytes_accessed are XLA's own estimates from `compiled.cost_analysis()` for the whole program. XLA counts
+a while loop's body once, whatever the trip count: for a lax.scan over layers, count FLOPs from the model instead
+(benchmarks/decode_roofline.py does).
 """
 
 from __future__ import annotations
