@@ -1,8 +1,8 @@
 """How close the decode step is to this machine's ceiling: the step's model FLOPs over its measured time,
 against a big matmul and a big copy timed in the same run (jaxllm.benchmarks.harness).
 
-FLOPs are counted from the config (2 per multiply-add: every linear layer, the LM head, and attention's two
-products over the context), not taken from XLA's cost analysis, which counts a while loop's body once and so
+FLOPs are counted from the config (jaxllm.benchmarks.model_flops: every linear layer, the LM head, attention's
+two products over the context), not taken from XLA's cost analysis, which counts a while loop's body once and so
 sees one layer of the lax.scan.
 
     python benchmarks/decode_roofline.py [--batch-sizes 1 8 32 64] [--context 96]
@@ -22,6 +22,7 @@ import functools
 import jax.numpy as jnp
 
 from jaxllm.benchmarks.harness import format_table, measure_ceiling, time_jitted
+from jaxllm.benchmarks.model_flops import decode_step_flops
 from jaxllm.loaders import load_model
 from jaxllm.model import SequenceChunk, build_step_batch, forward, init_kv_cache
 from jaxllm.model.attention import ATTENTION_BACKENDS
@@ -36,16 +37,6 @@ def decode_inputs(config, batch_size: int, context: int):
     chunks = [SequenceChunk([7], context, list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
               for i in range(batch_size)]
     return kv, build_step_batch(chunks, BLOCK_SIZE)
-
-
-def decode_flops(config, batch_size: int, context: int, with_attention: bool = True) -> float:
-    """Model FLOPs of one decode step: batch_size tokens, each attending to context + 1 positions."""
-    h, d = config.hidden_size, config.head_dim
-    linear = h * (config.num_heads + 2 * config.num_kv_heads) * d + config.num_heads * d * h
-    linear += 3 * h * config.intermediate_size
-    attention = 2 * 2 * config.num_heads * d * (context + 1) if with_attention else 0
-    per_token = config.num_layers * (2 * linear + attention) + 2 * config.vocab_size * h
-    return float(batch_size * per_token)
 
 
 def main():
@@ -68,7 +59,7 @@ def main():
                                  iters=args.iters)
             pool_copy_s = 2 * (kv.k.nbytes + kv.v.nbytes) / ceiling.copy_bytes_per_s  # read + written
             step_s = timing.median_s - pool_copy_s
-            flops = decode_flops(loaded.config, batch_size, args.context, with_attention=attention == "reference")
+            flops = decode_step_flops(loaded.config, batch_size, args.context, with_attention=attention == "reference")
             row = {"step": timing.name, "median_ms": timing.median_s * 1e3, "p10_ms": timing.p10_s * 1e3,
                    "p90_ms": timing.p90_s * 1e3, "pool_copy_ms (est.)": pool_copy_s * 1e3,
                    "step_ms (net)": step_s * 1e3, "model_gflop": flops / 1e9,

@@ -1,0 +1,45 @@
+"""FLOPs counted from the config: the matmul weights of the params pytree, and XLA's own count on a one-layer model
+(where counting the layer scan's body once is exact)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxllm.benchmarks.harness import time_jitted
+from jaxllm.benchmarks.model_flops import decode_step_flops
+from jaxllm.benchmarks.model_presets import model_preset
+from jaxllm.model import SequenceChunk, build_step_batch, forward, init_kv_cache
+from jaxllm.model.params import abstract_params
+
+
+def test_without_attention_it_is_two_flops_per_matmul_weight_per_token():
+    config = model_preset("smollm2-135m")  # tied embeddings: the embedding is also the LM head
+    params = abstract_params(config, jnp.float32)
+    matrices = [leaf for leaf in jax.tree_util.tree_leaves(params.layers) if len(leaf.shape) == 3]
+    weights = sum(leaf.size for leaf in matrices) + params.embed.size
+    assert decode_step_flops(config, 1, 100, with_attention=False) == 2 * weights
+    assert decode_step_flops(config, 8, 100, with_attention=False) == 8 * 2 * weights
+
+
+def test_attention_adds_two_products_over_the_context():
+    config = model_preset("smollm2-135m")
+    extra = decode_step_flops(config, 4, 101) - decode_step_flops(config, 4, 100)
+    assert extra == 4 * config.num_layers * 2 * 2 * config.num_heads * config.head_dim
+
+
+def test_matches_xla_cost_analysis_on_a_one_layer_model():
+    config = dataclasses.replace(model_preset("tiny"), num_layers=1)
+    params = jax.tree_util.tree_map(lambda s: jnp.full(s.shape, 0.01, s.dtype), abstract_params(config, jnp.float32))
+    batch_size, context, block = 8, 63, 16
+    kv = init_kv_cache(config, 1 + batch_size * 4, block)
+    batch = build_step_batch([SequenceChunk([3], context, list(range(1 + 4 * i, 5 + 4 * i)))
+                              for i in range(batch_size)], block)
+    timing = time_jitted(functools.partial(forward, config=config, attention="reference"), params, kv, batch,
+                         warmup=0, iters=1)
+    counted = decode_step_flops(config, batch_size, context)
+    # XLA also counts the elementwise work (norms, rope, silu, softmax) and the reference's padded context
+    assert counted <= timing.flops <= 1.1 * counted, (counted, timing.flops)  # measured 1.01x
