@@ -43,21 +43,23 @@ def make_workload(name: str, tokenizer, seed: int = 0) -> list[tuple[list[int], 
     return requests
 
 
+def generate_greedy(llm: LLM, requests) -> tuple[float, int]:
+    """(seconds, output tokens) of one LLM.generate over the requests: greedy, EOS ignored, no detokenizing."""
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for _, n in requests]
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
+    return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+
 def run_jaxllm(llm: LLM, warmup_requests, requests) -> dict:
     """A warm-up run on other prompts of the same shapes (so the prefix cache cannot help), then the timed run."""
     compile_s = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, secs, **_: compile_s.append(secs) if "backend_compile" in event else None)
 
-    def generate(reqs):
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for _, n in reqs]
-        start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params, use_tqdm=False)
-        return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
-
-    first, _ = generate(warmup_requests)
+    first, _ = generate_greedy(llm, warmup_requests)
     compiled_first, compile_first = llm.engine.runner.num_compiled_programs, sum(compile_s)
-    elapsed, tokens = generate(requests)
+    elapsed, tokens = generate_greedy(llm, requests)
     return {"engine": "jaxllm", "output_tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
             "warmup_run_seconds": first, "programs_compiled_in_warmup": compiled_first,
             "compile_seconds_in_warmup": compile_first, "programs_total": llm.engine.runner.num_compiled_programs,

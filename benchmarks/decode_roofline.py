@@ -20,23 +20,22 @@ import argparse
 import functools
 
 import jax.numpy as jnp
+from core_forward import BLOCK_SIZE, decode_batch
 
 from jaxllm.benchmarks.harness import format_table, measure_ceiling, time_jitted
 from jaxllm.benchmarks.model_flops import decode_step_flops
 from jaxllm.loaders import load_model
-from jaxllm.model import SequenceChunk, build_step_batch, forward, init_kv_cache
+from jaxllm.model import forward, init_kv_cache
 from jaxllm.model.attention import ATTENTION_BACKENDS
 
-BLOCK_SIZE = 16
 ATTENTION_BACKENDS["identity (no attention)"] = lambda q, k_pool, v_pool, layer, batch, sm_scale: q
 
 
 def decode_inputs(config, batch_size: int, context: int):
+    """A pool sized to the batch and a decode step of batch_size sequences with `context` cached tokens each."""
     blocks = -(-(context + 1) // BLOCK_SIZE)
     kv = init_kv_cache(config, 1 + batch_size * blocks, BLOCK_SIZE, jnp.float32)
-    chunks = [SequenceChunk([7], context, list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
-              for i in range(batch_size)]
-    return kv, build_step_batch(chunks, BLOCK_SIZE)
+    return kv, decode_batch(batch_size, context, blocks)
 
 
 def main():

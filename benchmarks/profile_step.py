@@ -21,11 +21,10 @@ import json
 import time
 
 import jax
-from compare_hf import make_workload
+from compare_hf import generate_greedy, make_workload
 
 from jaxllm.engine import runner as runner_module
 from jaxllm.llm import LLM
-from jaxllm.sampling_params import SamplingParams
 
 
 class StageTimer:
@@ -110,18 +109,11 @@ def main():
     timer = StageTimer()
     instrument(llm, timer)
 
-    def generate(requests):
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-                  for _, n in requests]
-        start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
-        return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
-
-    generate(make_workload(args.workload, llm.get_tokenizer(), seed=1))  # compiles every step shape
+    generate_greedy(llm, make_workload(args.workload, llm.get_tokenizer(), seed=1))  # compiles the step shapes
     timer.enabled = True
     trace = jax.profiler.trace(args.trace_dir) if args.trace_dir else contextlib.nullcontext()
     with trace:
-        elapsed, tokens = generate(make_workload(args.workload, llm.get_tokenizer()))
+        elapsed, tokens = generate_greedy(llm, make_workload(args.workload, llm.get_tokenizer()))
     steps = timer.calls["engine step (total)"]
     total = timer.seconds["engine step (total)"]
     by_kind = {k: v for k, v in timer.seconds.items() if k.endswith(" steps")}

@@ -21,10 +21,12 @@ def random_requests(num_prompts: int, input_len: int, output_len: int, range_rat
     if min(num_prompts, input_len, output_len, vocab_size) < 1:
         raise ValueError("num_prompts, input_len, output_len and vocab_size must be >= 1")
     rng = np.random.default_rng(seed)
-    input_lens = rng.integers(*_inclusive(length_range(input_len, range_ratio)), size=num_prompts)
-    output_lens = rng.integers(*_inclusive(length_range(output_len, range_ratio)), size=num_prompts)
+    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
+    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
     return [(rng.integers(0, vocab_size, size=n).tolist(), int(m)) for n, m in zip(input_lens, output_lens)]
 
 
-def _inclusive(bounds: tuple[int, int]) -> tuple[int, int]:
-    return bounds[0], bounds[1] + 1
+def sample_lengths(rng: np.random.Generator, length: int, range_ratio: float, n: int) -> np.ndarray:
+    """[n] lengths drawn uniformly (inclusive) from length_range(length, range_ratio)."""
+    low, high = length_range(length, range_ratio)
+    return rng.integers(low, high + 1, size=n)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxllm.benchmarks.datasets import length_range, random_requests
+from jaxllm.benchmarks.datasets import random_requests, sample_lengths
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_ENDPOINT = "/v1/completions"
@@ -54,11 +54,6 @@ class BenchmarkRequest:
     prompt: str | list[int]  # text, or token ids (sent as `prompt: [ids]`)
     max_tokens: int
     prompt_len: int | None = None  # prompt tokens when known before sending; the usage chunk reports it anyway
-
-
-def _lengths(rng: np.random.Generator, mean: int, range_ratio: float, n: int) -> np.ndarray:
-    low, high = length_range(mean, range_ratio)
-    return rng.integers(low, high + 1, n)
 
 
 def _check_workload(num_prompts: int, input_len: int, output_len: int, range_ratio: float) -> None:
@@ -86,8 +81,8 @@ def sentence_requests(num_prompts: int, input_len: int, output_len: int, range_r
     Every prompt is drawn independently, so prompts share no prefix for the server's prefix cache to reuse."""
     _check_workload(num_prompts, input_len, output_len, range_ratio)
     rng = np.random.default_rng(seed)
-    in_lens, out_lens = _lengths(rng, input_len, range_ratio, num_prompts), _lengths(rng, output_len, range_ratio,
-                                                                                     num_prompts)
+    in_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
+    out_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
     prompts = []
     for n in in_lens:
         words = [WORDS[i] for i in rng.integers(0, len(WORDS), n)]

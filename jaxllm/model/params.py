@@ -39,6 +39,7 @@ class LlamaParams:
 
 # fused LayerParams field -> the checkpoint fields joined along the output axis, in this order
 FUSED_FIELDS = {"w_qkv": ("wq", "wk", "wv"), "b_qkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
+_FUSED_PARTS = {part for parts in FUSED_FIELDS.values() for part in parts}
 
 
 def checkpoint_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -57,7 +58,7 @@ def checkpoint_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Shape of one layer's slice of each LayerParams field (fused, without the [L] axis)."""
     parts = checkpoint_layer_shapes(config)
-    shapes = {k: v for k, v in parts.items() if not any(k in p for p in FUSED_FIELDS.values())}
+    shapes = {k: v for k, v in parts.items() if k not in _FUSED_PARTS}
     for fused, names in FUSED_FIELDS.items():
         if names[0] in parts:
             shapes[fused] = (sum(parts[n][0] for n in names), *parts[names[0]][1:])
@@ -66,7 +67,7 @@ def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Checkpoint-field arrays stacked as [L, out, ...] -> LayerParams-field arrays (fused on the out axis)."""
-    fused = {k: v for k, v in tensors.items() if not any(k in p for p in FUSED_FIELDS.values())}
+    fused = {k: v for k, v in tensors.items() if k not in _FUSED_PARTS}
     for name, parts in FUSED_FIELDS.items():
         if parts[0] in tensors:
             fused[name] = np.concatenate([tensors[p] for p in parts], axis=1)
