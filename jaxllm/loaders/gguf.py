@@ -28,13 +28,24 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
+_last_opened: tuple[tuple, GGUFReader] | None = None  # parsing the metadata takes seconds: weights and tokenizer share
+
+
 def open_gguf(path: Path) -> GGUFReader:
+    """The file's reader (memory-mapped); the last one opened is reused while the file is unchanged."""
+    global _last_opened
     if not path.is_file():
         raise ModelLoadError(path, "GGUF file not found")
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if _last_opened is not None and _last_opened[0] == key:
+        return _last_opened[1]
     try:
-        return GGUFReader(str(path))
+        reader = GGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad or short files
         raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from None
+    _last_opened = (key, reader)
+    return reader
 
 
 def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
