@@ -2,8 +2,8 @@
 
 Order, as vLLM v1:
   1. logprobs from the raw logits (log-softmax of the model output), if any row asked for them;
-  2. sparse adjustments: logit_bias, min_tokens (-inf on EOS / stop ids), then the repetition, frequency and
-     presence penalties;
+  2. dense adjustments (when the batch carries them): logit_bias, min_tokens (-inf on EOS / stop ids), then the
+     repetition, frequency and presence penalties;
   3. greedy rows take the argmax; the others divide by their temperature, drop tokens by min-p, top-k and
      top-p (in that order), and sample with the Gumbel-max trick in its exponential-race form:
      argmax_i p_i / E_i with E_i ~ Exp(1), i.e. argmax_i log p_i + G_i with G_i = -log E_i Gumbel (as vLLM).
@@ -11,6 +11,11 @@ Order, as vLLM v1:
 Filtering never sorts the vocabulary: each cut is a threshold on the row's logits, read off the row's top
 NUM_CANDIDATES logits (lax.top_k) when the kept set lies within them, else found exactly by bisection over
 the whole row, BISECT_ROWS rows at a time and only for the rows that need it.
+
+What a batch needs is decided at run time (lax.cond), not by the compiler: an all-greedy batch skips the noise
+and the filters, a batch without top-k/top-p/min-p skips the filters, one without adjustments skips them, one
+without logprobs skips the log-softmax. So one program per logits shape serves every mix of requests, and its
+outputs have fixed shapes: logprob fields are zeros when no row asked for them.
 
 The noise is a keyed integer hash of (row key, token id); the row key is derived with jax.random from
 (seed, stream, tokens generated so far), so a row's noise depends on nothing else. On CPU this costs a
@@ -25,7 +30,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jaxllm.sampling_batch import NO_LOGPROBS, SamplingBatch
+from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
+from jaxllm.sampling_params import MAX_LOGPROBS
 
 NUM_CANDIDATES = 256  # logits per row searched for the top-k / top-p cut before falling back to bisection
 BISECT_ROWS = 16  # rows bisected together when their cut lies beyond the candidates
@@ -33,57 +39,56 @@ BISECT_ROWS = 16  # rows bisected together when their cut lies beyond the candid
 
 @struct.dataclass
 class SamplerOutput:
-    """Sampled tokens and, when some row asked for logprobs, their logprobs from the raw logits.
+    """Sampled tokens and their logprobs from the raw logits (zeros when no row asked for logprobs).
 
     sampled_token_ids      [R]     int32
-    sampled_logprobs       [R]     float32  logprob of the sampled token (None if no row asked)
-    sampled_ranks          [R]     int32    1 + number of tokens with a larger logprob (None if no row asked)
-    top_logprob_token_ids  [R, N]  int32    N = batch.num_logprobs; most likely first (None if no row asked)
+    sampled_logprobs       [R]     float32  logprob of the sampled token
+    sampled_ranks          [R]     int32    1 + number of tokens with a larger logprob
+    top_logprob_token_ids  [R, N]  int32    N = MAX_LOGPROBS, most likely first (a request keeps its own count)
     top_logprobs           [R, N]  float32
     """
 
     sampled_token_ids: jax.Array
-    sampled_logprobs: jax.Array | None = None
-    sampled_ranks: jax.Array | None = None
-    top_logprob_token_ids: jax.Array | None = None
-    top_logprobs: jax.Array | None = None
+    sampled_logprobs: jax.Array
+    sampled_ranks: jax.Array
+    top_logprob_token_ids: jax.Array
+    top_logprobs: jax.Array
 
 
 def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
     """logits [R, V] float32 -> one token per row (see the module docstring for the order of operations)."""
     logits = logits.astype(jnp.float32)
-    adjusted = apply_adjustments(logits, batch)  # [R, V]
-    tokens = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
-    if not batch.all_greedy:
-        tokens = jnp.where(batch.is_greedy, tokens, _random_sample(adjusted, batch))
-    if batch.num_logprobs == NO_LOGPROBS:
-        return SamplerOutput(tokens)
-    return _with_logprobs(tokens, jax.nn.log_softmax(logits, axis=-1), batch.num_logprobs)
+    adjusted = logits  # [R, V]
+    if batch.adjustments is not None:
+        adjusted = lax.cond(batch.has_adjustments, lambda: apply_adjustments(logits, batch.adjustments),
+                            lambda: logits)
+    greedy = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
+    tokens = lax.cond(jnp.all(batch.is_greedy), lambda: greedy,
+                      lambda: jnp.where(batch.is_greedy, greedy, _random_sample(adjusted, batch)))
+    num_top = min(MAX_LOGPROBS, logits.shape[1])
+    return lax.cond(batch.wants_logprobs,
+                    lambda: _with_logprobs(tokens, jax.nn.log_softmax(logits, axis=-1), num_top),
+                    lambda: _no_logprobs(tokens, num_top))
 
 
-def apply_adjustments(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
-    """logit_bias / min_tokens masks, then vLLM's penalties, on each row's sparse token ids. [R, V] -> [R, V].
+def apply_adjustments(logits: jax.Array, adjust: LogitAdjustments) -> jax.Array:
+    """logit_bias / min_tokens masks, then vLLM's penalties. [R, V] -> [R, V].
 
     repetition: logits of tokens in prompt or output are divided by the penalty when > 0, else multiplied;
     frequency: minus penalty x count in the output; presence: minus penalty once if in the output.
     """
-    ids = batch.adjust_token_ids  # [R, L]
-    if ids.shape[1] == 0:
-        return logits
-    x = jnp.take_along_axis(logits, ids, axis=1, mode="fill", fill_value=0.0)  # [R, L]
-    x = x + batch.adjust_bias
-    rep = batch.repetition_penalty[:, None]
-    x = jnp.where(batch.adjust_seen, jnp.where(x > 0, x / rep, x * rep), x)
-    counts = batch.adjust_output_counts
-    x = x - batch.frequency_penalty[:, None] * counts - batch.presence_penalty[:, None] * (counts > 0)
-    rows = jnp.arange(ids.shape[0])[:, None]
-    return logits.at[rows, ids].set(x, mode="drop")  # ids are distinct per row; padding (= V) is dropped
+    x = logits + adjust.bias
+    rep = adjust.repetition_penalty[:, None]
+    x = jnp.where(adjust.seen, jnp.where(x > 0, x / rep, x * rep), x)
+    return x - adjust.penalty
 
 
 def _random_sample(adjusted: jax.Array, batch: SamplingBatch) -> jax.Array:
     z = adjusted / batch.temperature[:, None]  # [R, V]
-    if batch.needs_filter:
-        z = apply_top_k_top_p_min_p(z, batch.top_k, batch.top_p, batch.min_p)
+    random_rows = ~batch.is_greedy
+    filters = random_rows & ((batch.top_k > 0) | (batch.top_p < 1) | (batch.min_p > 0))
+    z = lax.cond(jnp.any(filters), lambda: apply_top_k_top_p_min_p(z, batch.top_k, batch.top_p, batch.min_p),
+                 lambda: z)
     keys = _row_keys(batch.rng_key_data, batch.rng_stream, batch.rng_counter)
     probs = jnp.exp(z - z.max(axis=-1, keepdims=True))  # [R, V] unnormalised; 0 where masked
     return jnp.argmax(probs / exponential_noise(keys, z.shape[1]), axis=-1).astype(jnp.int32)
@@ -200,8 +205,11 @@ def _with_logprobs(tokens: jax.Array, logprobs: jax.Array, num_top: int) -> Samp
     """Sampled-token logprob and rank, and the top `num_top` logprobs, from logprobs [R, V]."""
     sampled = jnp.take_along_axis(logprobs, tokens[:, None], axis=1)[:, 0]  # [R]
     ranks = 1 + (logprobs > sampled[:, None]).sum(-1, dtype=jnp.int32)
-    if num_top:
-        top_logprobs, top_ids = lax.top_k(logprobs, num_top)  # [R, N]
-    else:
-        top_logprobs, top_ids = jnp.zeros((tokens.shape[0], 0), jnp.float32), jnp.zeros((tokens.shape[0], 0), jnp.int32)
+    top_logprobs, top_ids = lax.top_k(logprobs, num_top)  # [R, N]
     return SamplerOutput(tokens, sampled, ranks, top_ids.astype(jnp.int32), top_logprobs)
+
+
+def _no_logprobs(tokens: jax.Array, top: int) -> SamplerOutput:
+    rows = tokens.shape[0]
+    return SamplerOutput(tokens, jnp.zeros(rows, jnp.float32), jnp.zeros(rows, jnp.int32),
+                         jnp.zeros((rows, top), jnp.int32), jnp.zeros((rows, top), jnp.float32))

@@ -1,37 +1,34 @@
-"""SamplingBatch: the per-row sampling parameters of one step, packed on the host for the jitted sampler.
+"""SamplingBatch: the per-row sampling inputs of one step, packed on the host for the jitted sampler.
 
-Every array has a leading row axis padded to `num_rows` R (the step's logits bucket). Padded rows sample
+Every array has a leading row axis padded to `num_rows` S (the step's sampler bucket). Padded rows sample
 greedily with no adjustments, so they cost nothing special and never produce NaN.
 
-    temperature          [R]     float32  1 for greedy and padded rows (the sampler divides by it)
-    is_greedy            [R]     bool     argmax rows (temperature < 1e-5, and padding)
-    top_k                [R]     int32    0: disabled (also when >= vocab size)
-    top_p, min_p         [R]     float32  1 / 0: disabled
-    repetition_penalty   [R]     float32  1: disabled
-    frequency_penalty    [R]     float32  0: disabled
-    presence_penalty     [R]     float32  0: disabled
-    rng_key_data         [R, 2]  uint32   threefry key words of the request's seed, or of the engine's base seed
-    rng_stream           [R]     uint32   0 for seeded requests; the request's rng_stream otherwise
-    rng_counter          [R]     uint32   tokens generated so far (so each step draws fresh noise)
+    temperature          [S]     float32  1 for greedy and padded rows (the sampler divides by it)
+    is_greedy            [S]     bool     argmax rows (temperature < 1e-5, and padding)
+    top_k                [S]     int32    0: disabled (also when >= vocab size)
+    top_p, min_p         [S]     float32  1 / 0: disabled
+    rng_key_data         [S, 2]  uint32   threefry key words of the request's seed, or of the engine's base seed
+    rng_stream           [S]     uint32   0 for seeded requests; the request's rng_stream otherwise
+    rng_counter          [S]     uint32   tokens generated so far (so each step draws fresh noise)
+    wants_logprobs       []      bool     some row asked for logprobs (the sampler then also returns them)
+    has_adjustments      []      bool     some row has logit adjustments (the sampler then applies them)
 
-Sparse logit adjustments, L a power of two >= 32 (L = 0 when no row has any; the sampler then skips them):
+Dense logit adjustments; V = vocab size. The host packs them only when some row has any (else None); the
+engine's runner then passes device-resident neutral arrays instead, so its sampler program always has them:
 
-    adjust_token_ids     [R, L]  int32    distinct token ids per row; padding = vocab size (dropped)
-    adjust_bias          [R, L]  float32  logit_bias, and -inf for EOS/stop ids while output < min_tokens
-    adjust_seen          [R, L]  bool     token occurs in prompt or output (repetition penalty)
-    adjust_output_counts [R, L]  int32    occurrences in the output (frequency and presence penalties)
+    bias                 [S, V]  float32  logit_bias, and -inf for EOS/stop ids while output < min_tokens
+    seen                 [S, V]  bool     token occurs in prompt or output (repetition penalty)
+    repetition_penalty   [S]     float32  1: disabled
+    penalty              [S, V]  float32  frequency_penalty x count + presence_penalty x (count > 0), subtracted
 
-Static fields (part of the jit cache key), chosen so that cheap batches skip expensive work:
+Nothing here is static: whether a batch is all greedy, filters, has adjustments or asks for logprobs is read by
+the sampler at run time, so one program per S serves every mix of requests.
 
-    all_greedy    bool    no row samples randomly: no temperature, filtering or noise
-    needs_filter  bool    some random row uses top-k, top-p or min-p (False when all_greedy)
-    num_logprobs  int     NO_LOGPROBS (-1): none requested, no log-softmax; else a bucket of the most top
-                          logprobs any row asked for, from LOGPROBS_BUCKETS = (0, 5, 20); 0 still returns
-                          the sampled token's logprob and rank
-
-Compiled variants per logits shape [R, V]: 3 sampling modes (greedy; random; random + filter) x 4 logprob
-buckets x (1 + number of adjustment lengths L in use: 32, 64, ... up to the next power of two of the longest
-prompt + output, capped at V).
+RowSampling is one request's share, kept up to date token by token (the runner holds one per request it runs):
+the penalty rows change in O(1) per token instead of being rebuilt from the whole history every step. A token
+is counted when its step is dispatched (expect_token: the noise counter and min_tokens need only the count) and
+recorded when its value arrives (record: the penalty rows need the value, so requests with penalties never have
+a step scheduled ahead of their newest token).
 """
 
 from __future__ import annotations
@@ -46,15 +43,141 @@ from flax import struct
 
 from jaxllm.sampling_params import SamplingParams, SamplingType
 
-NO_LOGPROBS = -1
-LOGPROBS_BUCKETS = (0, 5, 20)
-MIN_ADJUST_LEN = 32
 _UINT32_MASK = 0xFFFFFFFF
+
+
+@struct.dataclass
+class LogitAdjustments:
+    bias: jax.Array
+    seen: jax.Array
+    repetition_penalty: jax.Array
+    penalty: jax.Array
+
+
+@struct.dataclass
+class SamplingBatch:
+    temperature: jax.Array
+    is_greedy: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+    rng_key_data: jax.Array
+    rng_stream: jax.Array
+    rng_counter: jax.Array
+    wants_logprobs: jax.Array
+    has_adjustments: jax.Array
+    adjustments: LogitAdjustments | None = None
+
+
+class RowSampling:
+    """One request's sampling inputs: fixed scalars, plus penalty rows updated as its tokens arrive."""
+
+    def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int],
+                 vocab_size: int, *, base_seed: int = 0, rng_stream: int = 0, eos_token_ids: Sequence[int] = ()):
+        self.params = params
+        greedy = params.sampling_type == SamplingType.GREEDY
+        self.is_greedy = greedy
+        self.temperature = 1.0 if greedy else params.temperature
+        self.top_k = params.top_k if params.top_k < vocab_size else 0
+        seed = base_seed if params.seed is None else params.seed
+        self.key_words = ((seed >> 32) & _UINT32_MASK, seed & _UINT32_MASK)
+        self.rng_stream = 0 if params.seed is not None else rng_stream & _UINT32_MASK
+        self.num_output = len(output_token_ids)
+        # EOS and stop ids cannot be sampled before min_tokens (ignore_eos does not lift this, as in vLLM)
+        self.min_tokens_ids = np.array([*params.stop_token_ids, *eos_token_ids], np.int64)
+        self.bias = None  # [V] float32, or None
+        if params.logit_bias:
+            self.bias = np.zeros(vocab_size, np.float32)
+            self.bias[list(params.logit_bias)] = list(params.logit_bias.values())
+        self.seen = self.penalty = self.counts = None  # [V] bool / float32 / int32, penalized requests only
+        if params.needs_penalties:
+            self.seen = np.zeros(vocab_size, bool)
+            self.seen[np.asarray(prompt_token_ids, np.int64)] = True
+            self.counts = np.zeros(vocab_size, np.int32)
+            self.penalty = np.zeros(vocab_size, np.float32)
+            for token in output_token_ids:
+                self._count(token)
+
+    def append(self, token: int) -> None:
+        """Account for one more output token."""
+        self.expect_token()
+        self.record(token)
+
+    def expect_token(self) -> None:
+        """A token is being sampled (its value comes later): the noise counter and min_tokens move on now."""
+        self.num_output += 1
+
+    def record(self, token: int) -> None:
+        """The value of a token counted by expect_token: the penalty rows take it in."""
+        if self.counts is not None:
+            self._count(token)
+
+    def _count(self, token: int) -> None:
+        self.seen[token] = True
+        self.counts[token] += 1
+        p = self.params
+        self.penalty[token] = p.frequency_penalty * self.counts[token] + p.presence_penalty  # count > 0 now
+
+    @property
+    def masks_stop_ids(self) -> bool:
+        return self.num_output < self.params.min_tokens and len(self.min_tokens_ids) > 0
+
+    @property
+    def needs_adjustments(self) -> bool:
+        return self.bias is not None or self.counts is not None or self.masks_stop_ids
+
+
+def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, vocab_size: int) -> SamplingBatch:
+    """Pack rows into numpy arrays padded to `num_rows` (padded rows are greedy and neutral)."""
+    if len(rows) > num_rows:
+        raise ValueError(f"{len(rows)} rows do not fit in num_rows={num_rows}")
+
+    def column(values, fill, dtype) -> np.ndarray:
+        out = np.full(num_rows, fill, dtype)
+        out[:len(values)] = values
+        return out
+
+    key_data = np.zeros((num_rows, 2), np.uint32)
+    key_data[:len(rows)] = np.array([r.key_words for r in rows], np.uint32).reshape(-1, 2)
+    adjusted = any(r.needs_adjustments for r in rows)
+    return SamplingBatch(
+        temperature=column([r.temperature for r in rows], 1.0, np.float32),
+        is_greedy=column([r.is_greedy for r in rows], True, bool),
+        top_k=column([r.top_k for r in rows], 0, np.int32),
+        top_p=column([r.params.top_p for r in rows], 1.0, np.float32),
+        min_p=column([r.params.min_p for r in rows], 0.0, np.float32),
+        rng_key_data=key_data,
+        rng_stream=column([r.rng_stream for r in rows], 0, np.uint32),
+        rng_counter=column([r.num_output & _UINT32_MASK for r in rows], 0, np.uint32),
+        wants_logprobs=np.asarray(any(r.params.logprobs is not None for r in rows)),
+        has_adjustments=np.asarray(adjusted),
+        adjustments=_pack_adjustments(rows, num_rows, vocab_size) if adjusted else None,
+    )
+
+
+def neutral_adjustments(num_rows: int, vocab_size: int) -> LogitAdjustments:
+    """Adjustments that change nothing (the runner keeps them on the device, one set per S bucket)."""
+    dense = (num_rows, vocab_size)
+    return LogitAdjustments(np.zeros(dense, np.float32), np.zeros(dense, bool), np.ones(num_rows, np.float32),
+                            np.zeros(dense, np.float32))
+
+
+def _pack_adjustments(rows: Sequence[RowSampling], num_rows: int, vocab_size: int) -> LogitAdjustments:
+    adjust = neutral_adjustments(num_rows, vocab_size)
+    for i, row in enumerate(rows):
+        if row.bias is not None:
+            adjust.bias[i] = row.bias
+        if row.masks_stop_ids:
+            adjust.bias[i, row.min_tokens_ids] = -math.inf
+        if row.counts is not None:
+            adjust.seen[i], adjust.penalty[i] = row.seen, row.penalty
+            adjust.repetition_penalty[i] = row.params.repetition_penalty
+    return adjust
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingRow:
-    """One sequence to sample a token for.
+    """One sequence to sample a token for, described in full (tests and one-off batches).
 
     rng_stream: a number distinct per request (e.g. the engine's request counter); unseeded requests draw
     their noise from (base seed, rng_stream, tokens generated so far). Seeded requests ignore it: their noise
@@ -67,130 +190,9 @@ class SamplingRow:
     rng_stream: int = 0
 
 
-@struct.dataclass
-class SamplingBatch:
-    temperature: jax.Array
-    is_greedy: jax.Array
-    top_k: jax.Array
-    top_p: jax.Array
-    min_p: jax.Array
-    repetition_penalty: jax.Array
-    frequency_penalty: jax.Array
-    presence_penalty: jax.Array
-    rng_key_data: jax.Array
-    rng_stream: jax.Array
-    rng_counter: jax.Array
-    adjust_token_ids: jax.Array
-    adjust_bias: jax.Array
-    adjust_seen: jax.Array
-    adjust_output_counts: jax.Array
-    all_greedy: bool = struct.field(pytree_node=False)
-    needs_filter: bool = struct.field(pytree_node=False)
-    num_logprobs: int = struct.field(pytree_node=False)
-
-
 def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int, vocab_size: int, *, base_seed: int = 0,
                          eos_token_ids: Sequence[int] = ()) -> SamplingBatch:
-    """Pack `rows` into numpy arrays padded to `num_rows`.
-
-    eos_token_ids: the model's EOS ids; with each request's stop_token_ids they cannot be sampled while the
-    request has fewer than min_tokens output tokens (ignore_eos does not lift this, as in vLLM).
-    """
-    if len(rows) > num_rows:
-        raise ValueError(f"{len(rows)} rows do not fit in num_rows={num_rows}")
-    params = [row.params for row in rows]
-    sampled = [p for p in params if p.sampling_type != SamplingType.GREEDY]
-    adjustments = [_row_adjustments(row, eos_token_ids) for row in rows]
-    return SamplingBatch(
-        **_per_row_arrays(rows, num_rows, vocab_size, base_seed),
-        **_adjustment_arrays(adjustments, num_rows, vocab_size),
-        all_greedy=not sampled,
-        needs_filter=any(0 < p.top_k < vocab_size or p.top_p < 1 or p.min_p > 0 for p in sampled),
-        num_logprobs=_logprobs_bucket(params),
-    )
-
-
-def _per_row_arrays(rows: Sequence[SamplingRow], num_rows: int, vocab_size: int, base_seed: int) -> dict:
-    """The [R] parameter arrays and the [R, 2] key words; padded rows are greedy and neutral."""
-    params = [row.params for row in rows]
-    greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
-
-    def column(values, fill, dtype) -> np.ndarray:
-        out = np.full(num_rows, fill, dtype)
-        out[:len(values)] = values
-        return out
-
-    seeds = [base_seed if p.seed is None else p.seed for p in params]
-    key_data = np.zeros((num_rows, 2), np.uint32)
-    key_data[:len(rows)] = np.array([((s >> 32) & _UINT32_MASK, s & _UINT32_MASK) for s in seeds],
-                                    np.uint32).reshape(-1, 2)
-    return dict(
-        temperature=column([1.0 if g else p.temperature for p, g in zip(params, greedy)], 1.0, np.float32),
-        is_greedy=column(greedy, True, bool),
-        top_k=column([p.top_k if p.top_k < vocab_size else 0 for p in params], 0, np.int32),
-        top_p=column([p.top_p for p in params], 1.0, np.float32),
-        min_p=column([p.min_p for p in params], 0.0, np.float32),
-        repetition_penalty=column([p.repetition_penalty for p in params], 1.0, np.float32),
-        frequency_penalty=column([p.frequency_penalty for p in params], 0.0, np.float32),
-        presence_penalty=column([p.presence_penalty for p in params], 0.0, np.float32),
-        rng_key_data=key_data,
-        rng_stream=column([0 if p.seed is not None else r.rng_stream & _UINT32_MASK for r, p in zip(rows, params)],
-                          0, np.uint32),
-        rng_counter=column([len(r.output_token_ids) & _UINT32_MASK for r in rows], 0, np.uint32),
-    )
-
-
-@dataclasses.dataclass
-class _Adjustments:
-    """One row's sparse adjustments, over distinct sorted token ids."""
-
-    token_ids: np.ndarray  # [n] int64
-    bias: np.ndarray  # [n] float32
-    seen: np.ndarray  # [n] bool
-    output_counts: np.ndarray  # [n] int32
-
-
-def _row_adjustments(row: SamplingRow, eos_token_ids: Sequence[int]) -> _Adjustments | None:
-    """None when the row needs no adjustment (the common case, kept cheap)."""
-    p = row.params
-    bias = dict(p.logit_bias or {})
-    if len(row.output_token_ids) < p.min_tokens:
-        bias.update(dict.fromkeys([*p.stop_token_ids, *eos_token_ids], -math.inf))
-    if not bias and not p.needs_penalties:
-        return None
-    bias_ids = np.fromiter(bias.keys(), np.int64, len(bias))
-    prompt = output = np.zeros(0, np.int64)
-    if p.needs_penalties:
-        prompt, output = np.asarray(row.prompt_token_ids, np.int64), np.asarray(row.output_token_ids, np.int64)
-    ids, where = np.unique(np.concatenate([bias_ids, prompt, output]), return_inverse=True)
-    adj = _Adjustments(ids, np.zeros(len(ids), np.float32), np.zeros(len(ids), bool), np.zeros(len(ids), np.int32))
-    adj.bias[where[:len(bias_ids)]] = np.fromiter(bias.values(), np.float32, len(bias))
-    adj.seen[where[len(bias_ids):]] = True
-    adj.output_counts[:] = np.bincount(where[len(bias_ids) + len(prompt):], minlength=len(ids))
-    return adj
-
-
-def _adjustment_arrays(adjustments: Sequence[_Adjustments | None], num_rows: int, vocab_size: int) -> dict:
-    """[R, L] arrays, L = 0 or a power of two >= MIN_ADJUST_LEN (capped at the vocab size)."""
-    longest = max((len(a.token_ids) for a in adjustments if a is not None), default=0)
-    length = 0 if longest == 0 else min(max(MIN_ADJUST_LEN, 1 << (longest - 1).bit_length()), vocab_size)
-    out = {"adjust_token_ids": np.full((num_rows, length), vocab_size, np.int32),
-           "adjust_bias": np.zeros((num_rows, length), np.float32),
-           "adjust_seen": np.zeros((num_rows, length), bool),
-           "adjust_output_counts": np.zeros((num_rows, length), np.int32)}
-    for i, adj in enumerate(adjustments):
-        if adj is None:
-            continue
-        n = len(adj.token_ids)
-        out["adjust_token_ids"][i, :n] = adj.token_ids
-        out["adjust_bias"][i, :n] = adj.bias
-        out["adjust_seen"][i, :n] = adj.seen
-        out["adjust_output_counts"][i, :n] = adj.output_counts
-    return out
-
-
-def _logprobs_bucket(params: Sequence[SamplingParams]) -> int:
-    requested = [p.logprobs for p in params if p.logprobs is not None]
-    if not requested:
-        return NO_LOGPROBS
-    return next(b for b in LOGPROBS_BUCKETS if b >= max(requested))
+    """Pack full row descriptions (see RowSampling for the incremental form the engine uses)."""
+    states = [RowSampling(r.params, r.prompt_token_ids, r.output_token_ids, vocab_size, base_seed=base_seed,
+                          rng_stream=r.rng_stream, eos_token_ids=eos_token_ids) for r in rows]
+    return pack_sampling_batch(states, num_rows, vocab_size)

@@ -7,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxllm.compile_counter import CompileCounter
 from jaxllm.sampler import BISECT_ROWS, NUM_CANDIDATES, apply_adjustments, apply_top_k_top_p_min_p, sample
-from jaxllm.sampling_batch import NO_LOGPROBS, SamplingRow, build_sampling_batch
-from jaxllm.sampling_params import SamplingParams
+from jaxllm.sampling_batch import (RowSampling, SamplingRow, build_sampling_batch, neutral_adjustments,
+                                   pack_sampling_batch)
+from jaxllm.sampling_params import MAX_LOGPROBS, SamplingParams
 
 SAMPLE = jax.jit(sample)
 
@@ -145,7 +147,7 @@ def test_penalties_bias_and_min_tokens_match_reference():
     ]
     rows = [SamplingRow(p, prompt, output) for prompt, output, p, _ in cases]
     batch = build_sampling_batch(rows, 5, vocab, eos_token_ids=[eos])
-    got = np.asarray(jax.jit(apply_adjustments)(jnp.asarray(logits), batch))
+    got = np.asarray(jax.jit(apply_adjustments)(jnp.asarray(logits), batch.adjustments))
     for i, (prompt, output, params, masked) in enumerate(cases):
         np.testing.assert_allclose(got[i], reference_adjust(logits[i], prompt, output, params, masked),
                                    rtol=1e-6, atol=1e-6, err_msg=f"case {i}")
@@ -161,9 +163,20 @@ def test_logit_bias_and_min_tokens_steer_greedy():
     assert out.sampled_token_ids.tolist() == [9, 7, 0]
 
 
-@pytest.mark.parametrize("requested, bucket", [(None, NO_LOGPROBS), (0, 0), (1, 5), (5, 5), (7, 20), (20, 20)])
-def test_logprobs_bucket(requested, bucket):
-    assert build_sampling_batch([row(logprobs=requested), row(temperature=0.0)], 4, 100).num_logprobs == bucket
+def test_incremental_rows_equal_rows_built_from_the_whole_history():
+    """The engine appends tokens to a RowSampling one by one; the packed batch equals one built from scratch."""
+    vocab = 40
+    params = SamplingParams(temperature=0.7, frequency_penalty=0.4, presence_penalty=-0.3, repetition_penalty=1.2,
+                            logit_bias={3: 2.0}, min_tokens=5, stop_token_ids=[7], seed=11)
+    prompt, output = [1, 2, 2, 30], [5, 5, 9, 5, 12, 39]
+    for step in range(len(output) + 1):
+        incremental = RowSampling(params, prompt, [], vocab, eos_token_ids=[0])
+        for token in output[:step]:
+            incremental.append(token)
+        built = build_sampling_batch([SamplingRow(params, prompt, output[:step])], 2, vocab, eos_token_ids=[0])
+        packed = pack_sampling_batch([incremental], 2, vocab)
+        for got, want in zip(jax.tree.leaves(packed), jax.tree.leaves(built)):
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("requested", [None, 0, 7])
@@ -173,10 +186,10 @@ def test_logprobs_come_from_raw_logits(requested):
     rows = [row(temperature=0.0, logprobs=requested), row(temperature=0.5, repetition_penalty=1.5, top_k=4, seed=1),
             row(temperature=1.3, logit_bias={7: 9.0}, seed=2)]
     out = run(logits, rows, num_rows=4)
-    if requested is None:
-        assert out.sampled_logprobs is None and out.top_logprobs is None
+    if requested is None:  # fixed output shapes; nothing computed
+        assert not out.sampled_logprobs.any() and not out.top_logprobs.any()
         return
-    bucket = {0: 0, 7: 20}[requested]
+    bucket = MAX_LOGPROBS  # every row gets the top MAX_LOGPROBS; a request keeps its own count of them
     want = log_softmax(logits)
     tokens = out.sampled_token_ids
     np.testing.assert_allclose(out.sampled_logprobs, want[np.arange(4), tokens], atol=1e-5)
@@ -248,46 +261,41 @@ def test_padded_rows_produce_no_nan():
     assert ((out.sampled_token_ids >= 0) & (out.sampled_token_ids < vocab)).all()
 
 
-def test_host_batch_padding_buckets_and_flags():
+def test_host_batch_padding_and_adjustments():
     vocab = 500
     plain = build_sampling_batch([row(), row(temperature=0.0)], 4, vocab)
-    assert plain.adjust_token_ids.shape == (4, 0)
-    assert (plain.all_greedy, plain.needs_filter, plain.num_logprobs) == (False, False, NO_LOGPROBS)
+    assert plain.adjustments is None and not plain.wants_logprobs
     assert plain.is_greedy.tolist() == [False, True, True, True] and plain.temperature.tolist() == [1.0] * 4
-    greedy = build_sampling_batch([row(temperature=0.0, top_k=5, top_p=0.5)], 2, vocab)
-    assert (greedy.all_greedy, greedy.needs_filter) == (True, False)
+    assert build_sampling_batch([row(), row(logprobs=0)], 2, vocab).wants_logprobs
     long_prompt = build_sampling_batch([row(prompt=range(40), repetition_penalty=1.1), row(top_k=vocab)], 2, vocab)
-    assert long_prompt.adjust_token_ids.shape == (2, 64) and long_prompt.top_k.tolist() == [0, 0]
-    assert long_prompt.adjust_token_ids[0, :40].tolist() == list(range(40))
-    assert (long_prompt.adjust_token_ids[0, 40:] == vocab).all() and (long_prompt.adjust_token_ids[1] == vocab).all()
-    assert not long_prompt.needs_filter  # top_k >= vocab size is no filter
+    adjust = long_prompt.adjustments
+    assert adjust.bias.shape == adjust.seen.shape == adjust.penalty.shape == (2, vocab)
+    assert long_prompt.top_k.tolist() == [0, 0]  # top_k >= vocab size is no filter
+    assert np.flatnonzero(adjust.seen[0]).tolist() == list(range(40)) and not adjust.seen[1].any()
+    assert adjust.repetition_penalty.tolist() == pytest.approx([1.1, 1.0])
     done = build_sampling_batch([row(min_tokens=2, output=[5, 6], stop_token_ids=[9])], 1, vocab, eos_token_ids=[0])
-    assert done.adjust_token_ids.shape == (1, 0)
+    assert done.adjustments is None
     with pytest.raises(ValueError, match="3 rows do not fit in num_rows=2"):
         build_sampling_batch([row()] * 3, 2, vocab)
 
 
-def test_compiled_variants_are_the_documented_ones():
-    """Variant key: (all_greedy, needs_filter, num_logprobs bucket, adjustment length L) for a given [R, V]."""
+def test_one_compiled_program_serves_every_mix():
+    """For a given [R, V], with neutral adjustments standing in when no row has any (as the engine's runner
+    does): one program, whatever the rows ask, and neutral adjustments change nothing."""
     sample_fn = jax.jit(lambda logits, batch: sample(logits, batch))  # a fresh function: its own cache
     vocab, num_rows = 300, 4
-    logits = jnp.zeros((num_rows, vocab), jnp.float32)
-    compositions = [
-        # (rows, variant); rows of the same variant differ in values only
-        ([row(temperature=0.0)], "greedy"),
-        ([row(temperature=0.0, seed=3), row(temperature=0.0)], "greedy"),
-        ([row(temperature=0.7)], "random"),
-        ([row(temperature=1.2, seed=9), row(temperature=0.0)], "random"),
-        ([row(top_p=0.9)], "filter"),
-        ([row(top_k=5, seed=1), row(min_p=0.2)], "filter"),
-        ([row(temperature=0.0, logprobs=1)], "greedy+logprobs5"),
-        ([row(temperature=0.0, logprobs=4), row(temperature=0.0, logprobs=2)], "greedy+logprobs5"),
-        ([row(temperature=0.0, logprobs=0)], "greedy+logprobs0"),
-        ([row(temperature=0.0, repetition_penalty=1.3)], "greedy+L32"),
-        ([row(temperature=0.0, logit_bias={3: 1.0}), row(temperature=0.0, presence_penalty=0.5, output=[4] * 20)],
-         "greedy+L32"),
-        ([row(temperature=0.0, frequency_penalty=0.5, prompt=range(50))], "greedy+L64"),
-    ]
-    for rows, _ in compositions + compositions:
-        sample_fn(logits, build_sampling_batch(rows, num_rows, vocab))
-    assert sample_fn._cache_size() == len({variant for _, variant in compositions})
+    logits = jnp.asarray(np.random.RandomState(5).randn(num_rows, vocab), jnp.float32)
+    compositions = [[row(temperature=0.0)], [row(temperature=0.7, seed=3), row(temperature=0.0)], [row(top_p=0.9)],
+                    [row(top_k=5, seed=1), row(min_p=0.2)], [row(temperature=0.0, logprobs=1)],
+                    [row(logprobs=20), row(temperature=0.0, logprobs=0)],
+                    [row(temperature=0.0, repetition_penalty=1.3)], [row(logit_bias={3: 1.0}, logprobs=2)],
+                    [row(temperature=0.0, frequency_penalty=0.5, prompt=range(50), top_k=3)]]
+    batches = [build_sampling_batch(rows, num_rows, vocab) for rows in compositions]
+    with_neutral = [b if b.adjustments is not None else b.replace(adjustments=neutral_adjustments(num_rows, vocab))
+                    for b in batches]
+    with CompileCounter() as compiles:
+        outs = [sample_fn(logits, batch) for batch in with_neutral]
+    assert compiles.count == 1
+    for batch, out in zip(batches, outs):
+        if batch.adjustments is None:  # the same tokens as without any adjustments
+            np.testing.assert_array_equal(out.sampled_token_ids, SAMPLE(logits, batch).sampled_token_ids)
