@@ -31,8 +31,7 @@ NUM_LAYERS = 30
 def time_decode(batch: int, context: int, dtype, repeats: int) -> tuple[float, int]:
     """(median seconds per call, KV bytes read per call) for `batch` sequences of one query token each."""
     case = random_ragged_case(0, [(1, context)] * batch, dtype=dtype, num_layers=1, **LAYOUT)
-    attend = jax.jit(functools.partial(ragged_paged_attention_reference, max_query_len=1,
-                                       sm_scale=LAYOUT["head_dim"] ** -0.5))
+    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=LAYOUT["head_dim"] ** -0.5))
     jax.block_until_ready(attend(*case.args()))
     times = []
     for _ in range(repeats):

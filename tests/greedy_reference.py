@@ -41,7 +41,7 @@ def greedy_generate(
 
     total = sum(len(p) for p in prompts)
     batch = build_step_batch([SequenceChunk(p, 0, t) for p, t in zip(prompts, tables)], block_size,
-                             num_tokens=_pow2_at_least(total), max_query_len=_pow2_at_least(longest - max_tokens))
+                             num_tokens=_pow2_at_least(total))
     outputs: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     stops = set(stop_token_ids)

@@ -1,8 +1,8 @@
 """Attention backends behind one interface: (q, k_pool, v_pool, layer, batch, sm_scale) -> [T, Hq, D].
 
     reference   plain jnp (pallas_kernels/paged_attention/reference.py): the CPU path and the ground truth
-    pallas      the Pallas GPU kernels: split-KV for decode-only steps, the ragged kernel otherwise; runs in
-                interpret mode when the default backend is not a GPU (slow: for tests)
+    pallas      the Pallas GPU kernels: split-KV for decode-only steps (batch.decode_only, a static flag), the
+                ragged kernel otherwise; runs in interpret mode when the default backend is not a GPU (slow: tests)
     auto        pallas on GPU, reference elsewhere
 """
 
@@ -19,25 +19,31 @@ from pallas_kernels.paged_attention import (ragged_paged_attention, ragged_paged
 
 def reference_attention(q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
     return ragged_paged_attention_reference(
-        q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc,
-        max_query_len=batch.max_query_len, sm_scale=sm_scale, num_prefill_rows=batch.num_prefill_rows)
+        q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc, sm_scale=sm_scale)
 
 
 def pallas_attention(q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
-    kernel = split_kv_paged_attention if batch.max_query_len == 1 else ragged_paged_attention
+    """The ragged kernel's query tiles take their default size: every chunk may be as long as the step."""
+    kernel = split_kv_paged_attention if batch.decode_only else ragged_paged_attention
+    max_query_len = 1 if batch.decode_only else q.shape[0]
     return kernel(q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc,
-                  max_query_len=batch.max_query_len, sm_scale=sm_scale, interpret=not _on_gpu())
+                  max_query_len=max_query_len, sm_scale=sm_scale, interpret=not _on_gpu())
 
 
 ATTENTION_BACKENDS: dict[str, Callable] = {"reference": reference_attention, "pallas": pallas_attention}
 
 
-def get_attention(name: str) -> Callable:
+def resolve_attention(name: str) -> str:
+    """The backend `name` stands for: "auto" is "pallas" on a GPU and "reference" elsewhere."""
     if name == "auto":
         name = "pallas" if _on_gpu() else "reference"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend {name!r} is unknown; choose one of {sorted(ATTENTION_BACKENDS)} or 'auto'")
-    return ATTENTION_BACKENDS[name]
+    return name
+
+
+def get_attention(name: str) -> Callable:
+    return ATTENTION_BACKENDS[resolve_attention(name)]
 
 
 def _on_gpu() -> bool:

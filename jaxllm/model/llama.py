@@ -28,6 +28,22 @@ def forward(
     attention: str = "reference",
 ) -> tuple[jax.Array, KVCache]:
     """Returns (logits [R, V] float32 at batch.logits_indices, kv_cache with this step's K/V written)."""
+    hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, attention=attention)
+    return compute_logits(params, hidden), kv_cache
+
+
+def forward_hidden(
+    params: LlamaParams,
+    kv_cache: KVCache,
+    batch: StepBatch,
+    *,
+    config: ModelConfig,
+    attention: str = "reference",
+) -> tuple[jax.Array, KVCache]:
+    """Returns (final-normed hidden states [R, H] at batch.logits_indices, kv_cache with this step's K/V written).
+
+    The engine runs this as its forward program and computes logits in its sampler program, for the rows it samples.
+    """
     x = params.embed[batch.token_ids]  # [T, H]
     cos, sin = rope_cos_sin(batch.positions, rope_inv_freq(config), x.dtype)  # [T, D] each
     attend = get_attention(attention)
@@ -48,10 +64,14 @@ def forward(
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
     (x, k_pool, v_pool), _ = jax.lax.scan(layer_step, (x, kv_cache.k, kv_cache.v), (params.layers, layer_ids))
 
-    h = rms_norm(x[batch.logits_indices], params.final_norm, config.rms_norm_eps)  # [R, H]
+    hidden = rms_norm(x[batch.logits_indices], params.final_norm, config.rms_norm_eps)  # [R, H]
+    return hidden, KVCache(k=k_pool, v=v_pool)
+
+
+def compute_logits(params: LlamaParams, hidden: jax.Array) -> jax.Array:
+    """Final-normed hidden states [R, H] -> logits [R, V] float32, through the (tied or untied) LM head."""
     lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
-    logits = jax.lax.dot_general(h, lm_head, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    return logits, KVCache(k=k_pool, v=v_pool)
+    return jax.lax.dot_general(hidden, lm_head, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig):

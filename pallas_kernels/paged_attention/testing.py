@@ -134,9 +134,30 @@ def poison_unused_slots(case: RaggedCase, fill: float) -> RaggedCase:
 def reference_output(case: RaggedCase, sm_scale: float) -> np.ndarray:
     """The reference on the case with unused pool slots zeroed -> [T, Hq, D] float32."""
     clean = poison_unused_slots(case, 0.0)
-    attend = jax.jit(functools.partial(ragged_paged_attention_reference, max_query_len=case.max_query_len,
-                                       sm_scale=sm_scale))
+    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale))
     return np.asarray(attend(*clean.args()), np.float32)
+
+
+def dense_oracle(case: RaggedCase, sm_scale: float) -> np.ndarray:
+    """The attention contract spelled out token by token in float64 numpy -> [T, Hq, D]: slow, obviously right,
+    and independent of the reference's loops (the reference is tested against it)."""
+    q = np.asarray(case.q, np.float64)
+    layer = int(case.layer)
+    k_pool, v_pool = (np.asarray(p[layer], np.float64) for p in (case.k_pool, case.v_pool))  # [N, Hkv, B, D]
+    tables, ctx, starts = (np.asarray(a) for a in (case.block_tables, case.context_lens, case.query_start_loc))
+    block_size, group = k_pool.shape[2], q.shape[1] // k_pool.shape[1]
+    out = np.zeros_like(q)
+    for s in range(tables.shape[0]):
+        q_len = starts[s + 1] - starts[s]
+        for i in range(q_len):
+            keys = np.arange(ctx[s] - q_len + i + 1)  # causal: every key up to the query's own position
+            k = k_pool[tables[s, keys // block_size], :, keys % block_size]  # [K, Hkv, D]
+            v = v_pool[tables[s, keys // block_size], :, keys % block_size]
+            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [K, Hq, D]
+            scores = np.einsum("hd,khd->hk", q[starts[s] + i], k) * sm_scale
+            p = np.exp(scores - scores.max(axis=1, keepdims=True))
+            out[starts[s] + i] = np.einsum("hk,khd->hd", p / p.sum(axis=1, keepdims=True), v)
+    return out
 
 
 def relative_error(actual: jax.Array, expected: jax.Array) -> float:

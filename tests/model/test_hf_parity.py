@@ -73,7 +73,7 @@ def test_mixed_paged_steps_match_hf(variant, dtype, tiny_model_dir):
     for step in SCHEDULE:
         order = list(step)
         chunks = [SequenceChunk(streams[s][done[s]:done[s] + step[s]], done[s], tables[s]) for s in order]
-        batch = build_step_batch(chunks, BLOCK_SIZE, num_tokens=32, num_seqs=4, max_blocks=6, max_query_len=16,
+        batch = build_step_batch(chunks, BLOCK_SIZE, num_tokens=32, num_seqs=4, max_blocks=6,
                                  num_logits=4)
         logits, kv = forward(loaded.params, kv, batch)
         for row, s in enumerate(order):
