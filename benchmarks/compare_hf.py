@@ -63,7 +63,7 @@ def run_jaxllm(llm: LLM, warmup_requests, requests) -> dict:
     return {"engine": "jaxllm", "output_tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
             "warmup_run_seconds": first, "programs_compiled_in_warmup": compiled_first,
             "compile_seconds_in_warmup": compile_first, "programs_total": llm.engine.runner.num_compiled_programs,
-            "compile_seconds_total": sum(compile_s), "step_shapes": len(llm.engine.runner.step_shapes)}
+            "compile_seconds_total": sum(compile_s), "programs_used": len(llm.engine.runner.programs_used)}
 
 
 def run_hf(model, requests, batch_size: int, dtype) -> dict:

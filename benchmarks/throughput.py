@@ -134,7 +134,7 @@ def benchmark(args) -> dict:
         "step_programs_compiled_in_timed_run": engine.runner.num_compiled_programs - programs,
         "xla_compiles_in_timed_run": len(compiles) - warmed_at,
         "compile_seconds_in_timed_run": sum(compiles[warmed_at:]),
-        "step_shapes": len(engine.runner.step_shapes), "engine_steps": engine.num_steps,
+        "step_programs_used": len(engine.runner.programs_used), "engine_steps": engine.num_steps,
         "num_kv_blocks": engine.cache_config.num_blocks,
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tiny_models import VARIANTS, save_tiny_hf_model
+from tests.tiny_models import VARIANTS, save_tiny_hf_model, save_tiny_model_with_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,12 @@ def tiny_model_dir(tmp_path_factory):
         return cache[variant]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model_with_tokenizer(tmp_path_factory):
+    """A tiny random Llama with the default model's tokenizer (tests/tiny_models.py)."""
+    return save_tiny_model_with_tokenizer(tmp_path_factory.mktemp("tiny-model-with-tokenizer"))
 
 
 def pytest_generate_tests(metafunc):

@@ -103,3 +103,53 @@ def _gguf_name(hf_name: str) -> str:
         return HF_TO_GGUF[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     return f"blk.{layer}.{HF_TO_GGUF_LAYER[rest]}"
+
+
+# A tiny Llama with the default model's vocabulary and tokenizer: text prompts, stop strings, the chat template
+# and the openai client all work, while it loads and compiles in seconds.
+TOKENIZER_MODEL_CONFIG = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    hidden_act="silu", torch_dtype="float32")
+
+
+def save_tiny_model_with_tokenizer(directory: Path) -> Path:
+    """config.json + model.safetensors (random weights) + the default model's tokenizer files."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from jaxllm.loaders import resolve_model
+    from jaxllm.tokenizer import load_tokenizer
+
+    (directory / "config.json").write_text(json.dumps(TOKENIZER_MODEL_CONFIG))
+    save_file(_tiny_llama_weights(TOKENIZER_MODEL_CONFIG), str(directory / "model.safetensors"))
+    load_tokenizer(resolve_model(None)).save_pretrained(str(directory))
+    return directory
+
+
+def _tiny_llama_weights(config: dict, seed: int = 0) -> dict:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+
+    def normal(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    weights = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden),
+               "model.norm.weight": np.ones(hidden, np.float32)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        weights.update({p + "input_layernorm.weight": np.ones(hidden, np.float32),
+                        p + "post_attention_layernorm.weight": np.ones(hidden, np.float32),
+                        p + "self_attn.q_proj.weight": normal(hidden, hidden),
+                        p + "self_attn.k_proj.weight": normal(kv, hidden),
+                        p + "self_attn.v_proj.weight": normal(kv, hidden),
+                        p + "self_attn.o_proj.weight": normal(hidden, hidden),
+                        p + "mlp.gate_proj.weight": normal(inter, hidden),
+                        p + "mlp.up_proj.weight": normal(inter, hidden),
+                        p + "mlp.down_proj.weight": normal(hidden, inter)})
+    return weights

@@ -33,7 +33,8 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     seed: int = 0
     attention: str = "auto"  # "auto" | "reference" | "pallas"
-    warmup: bool = False  # compile every decode-shape program before serving
+    warmup: bool = False  # build every step program before serving (then no workload compiles anything)
+    async_scheduling: bool = True  # dispatch step t + 1 before waiting for step t (outputs unchanged)
     compilation_cache_dir: str | None = None  # persistent XLA compilation cache: programs survive restarts
     skip_tokenizer: bool = False
 

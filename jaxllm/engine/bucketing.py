@@ -1,21 +1,29 @@
-"""Shape buckets: every step is padded to sizes from small fixed sets, so XLA compiles a bounded, known set of
-programs however requests arrive.
+"""Shape buckets: the step's programs are compiled per bucket, so XLA builds a small set, known in advance,
+however requests arrive; warm-up compiles all of it.
 
-    T  tokens per step          powers of two S .. max(max_num_batched_tokens, 2 * max_num_seqs), rounded up
-    S  sequences per step       powers of two 1 .. max_num_seqs (decode-only steps); up to 2 * max_num_seqs
-                                in mixed steps, whose decode rows and pow2-padded prefill rows add up
-    MB blocks per sequence      powers of two 1 .. ceil(max_model_len / block_size)
-    P  prefill rows (> 1 token) 0, or powers of two 1 .. S
-    Q  prefill query length     1 when P = 0, else powers of two 2 .. T
+    T  tokens per step        powers of two 1 .. max_num_batched_tokens (rounded up): the forward's key
+    S  sampled sequences      powers of two 1 .. max_num_seqs (rounded up): the sampler's key
 
-A decode-only step is (T = S, S, MB, P = 0, Q = 1); the logits rows are padded to S (one per sequence).
+Everything else has one size per engine: a forward of T tokens has min(T, max_num_seqs) sequence rows, block
+tables of max_blocks_per_seq columns, and returns the hidden states of `num_logits_rows` rows:
+
+    logits rows:  | sampled rows: S_max = pow2(max_num_seqs) | prompt-logprob rows: max_num_batched_tokens, rounded |
+                    the sampler reads the first S                the prompt-logprob program reads PROMPT_ROWS at a time
+
+The programs of an engine (ProgramKey):
+
+    forward          one per T; on the Pallas path also one per decode-only T <= S_max (the split-KV kernel)
+    sample           one per S (what a batch asks for, greedy or not, filters, penalties, logprobs, is read at
+                     run time)
+    prompt_logprobs  one (PROMPT_ROWS rows per call)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from typing import Iterator, Sequence
+from typing import Iterator
+
+PROMPT_ROWS = 64  # prompt-logprob rows per call of the prompt-logprob program
 
 
 def pow2_at_least(n: int) -> int:
@@ -32,49 +40,64 @@ def pow2_range(lo: int, hi: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True, order=True)
-class StepShape:
-    num_tokens: int  # T
-    num_seqs: int  # S
-    max_blocks: int  # MB
-    num_prefill_rows: int  # P
-    max_query_len: int  # Q
+class ProgramKey:
+    kind: str  # "forward" | "sample" | "prompt_logprobs"
+    size: int = 0  # T for forward, S for sample
+    variant: bool = False  # forward: decode-only
+
+    def __str__(self) -> str:
+        if self.kind == "forward":
+            return f"forward T={self.size}" + (" decode-only" if self.variant else "")
+        if self.kind == "sample":
+            return f"sample S={self.size}"
+        return self.kind
 
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
     max_num_batched_tokens: int
     max_num_seqs: int
-    max_blocks_per_seq: int
+    decode_only_programs: bool = False  # the Pallas path compiles decode-only forwards apart
 
-    def shape_for(self, query_lens: Sequence[int], blocks_per_seq: Sequence[int]) -> StepShape:
-        """The bucketed shape of a step whose sequences have these new-token counts and block-table lengths."""
-        num_prefill = sum(1 for n in query_lens if n > 1)
-        prefill_rows = pow2_at_least(num_prefill) if num_prefill else 0
-        num_seqs = pow2_at_least(len(query_lens) - num_prefill + prefill_rows)
-        num_tokens = max(pow2_at_least(sum(query_lens)), num_seqs)
-        max_query_len = pow2_at_least(max(query_lens)) if num_prefill else 1
-        return StepShape(num_tokens, num_seqs, pow2_at_least(max(blocks_per_seq)), prefill_rows, max_query_len)
+    @property
+    def token_sizes(self) -> tuple[int, ...]:
+        return pow2_range(1, self.max_num_batched_tokens)
 
-    def all_shapes(self) -> Iterator[StepShape]:
-        """Every shape shape_for can return for requests within the limits: the bucket set."""
-        yield from self.decode_shapes()
-        for s, mb in itertools.product(self._mixed_seq_sizes(), self._block_sizes()):
-            for p, t in itertools.product(pow2_range(1, s), self._token_sizes()):
-                if t >= s:
-                    yield from (StepShape(t, s, mb, p, q) for q in pow2_range(2, t))
-
-    def decode_shapes(self) -> list[StepShape]:
-        return [StepShape(s, s, mb, 0, 1) for s, mb in itertools.product(self._seq_sizes(), self._block_sizes())]
-
-    def _seq_sizes(self) -> tuple[int, ...]:
+    @property
+    def sample_sizes(self) -> tuple[int, ...]:
         return pow2_range(1, self.max_num_seqs)
 
-    def _mixed_seq_sizes(self) -> tuple[int, ...]:
-        """Decode rows + prefill rows rounded up to a power of two can reach 2 * max_num_seqs - 1."""
-        return pow2_range(1, 2 * self.max_num_seqs - 1)
+    @property
+    def num_sample_rows(self) -> int:
+        return self.sample_sizes[-1]
 
-    def _block_sizes(self) -> tuple[int, ...]:
-        return pow2_range(1, self.max_blocks_per_seq)
+    @property
+    def num_logits_rows(self) -> int:
+        """Rows of the forward's hidden-state output: sampled rows, then prompt-logprob rows."""
+        return self.num_sample_rows + -(-self.max_num_batched_tokens // PROMPT_ROWS) * PROMPT_ROWS
 
-    def _token_sizes(self) -> tuple[int, ...]:
-        return pow2_range(1, max(self.max_num_batched_tokens, 2 * self.max_num_seqs - 1))
+    def num_seq_rows(self, num_tokens_bucket: int) -> int:
+        """Sequence rows of a forward of T tokens: a step has at most one sequence per token."""
+        return min(num_tokens_bucket, self.max_num_seqs)
+
+    def forward_key(self, num_tokens: int, decode_only: bool) -> ProgramKey:
+        if num_tokens > self.max_num_batched_tokens:
+            raise ValueError(f"a step of {num_tokens} tokens exceeds max_num_batched_tokens "
+                             f"{self.max_num_batched_tokens}")
+        return ProgramKey("forward", pow2_at_least(num_tokens), decode_only and self.decode_only_programs)
+
+    def sample_key(self, num_rows: int) -> ProgramKey:
+        if num_rows > self.max_num_seqs:
+            raise ValueError(f"{num_rows} sampled sequences exceed max_num_seqs {self.max_num_seqs}")
+        return ProgramKey("sample", pow2_at_least(num_rows))
+
+    def all_programs(self) -> Iterator[ProgramKey]:
+        """Every program a step can need: the set warm-up compiles."""
+        for t in self.token_sizes:
+            if t > 1 or not self.decode_only_programs:  # one token is always a decode
+                yield ProgramKey("forward", t, False)
+            if self.decode_only_programs and t <= pow2_at_least(self.max_num_seqs):
+                yield ProgramKey("forward", t, True)
+        for s in self.sample_sizes:
+            yield ProgramKey("sample", s)
+        yield ProgramKey("prompt_logprobs")

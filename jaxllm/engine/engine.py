@@ -1,7 +1,13 @@
 """LLMEngine: add_request / step / abort_request over the scheduler, the runner and the output processor.
 
-    step():  scheduler.schedule() -> runner.execute() -> scheduler.update() -> stop strings, logprobs, text
-             -> RequestOutputs for the requests that made progress
+    step():  [scheduler.schedule() -> runner.dispatch()]      (the next step, sent to the device at once)
+             runner.fetch(oldest step in flight) -> scheduler.update() -> stop strings, logprobs, text
+             -> RequestOutputs for the requests that made progress in that step
+
+With async scheduling (the default) step() dispatches step t + 1 before it waits for step t, so the host's
+scheduling and array packing overlap the device's work; step t + 1 reads step t's sampled tokens on the device.
+A token sampled for a request that step t stopped is dropped, so outputs are those of one step at a time. Steps
+are not scheduled ahead while a running request uses penalties (their inputs need the newest token's value).
 
 Single-threaded: callers (the offline LLM, the server's engine loop) call step() repeatedly; aborts and new
 requests are applied between steps.
@@ -12,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections import deque
 from typing import Any, Sequence
 
 from jaxllm.engine.args import EngineArgs
@@ -19,8 +26,8 @@ from jaxllm.engine.block_pool import BlockPool
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.output_processor import OUTPUT_KINDS, OutputProcessor
 from jaxllm.engine.request import Request, RequestStatus
-from jaxllm.engine.runner import ModelRunner
-from jaxllm.engine.scheduler import Scheduler
+from jaxllm.engine.runner import InflightStep, ModelRunner
+from jaxllm.engine.scheduler import Scheduler, SchedulerOutput
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
@@ -47,6 +54,8 @@ class LLMEngine:
         self.processor = OutputProcessor(self.tokenizer)
         self.num_steps = 0
         self._rng_streams = itertools.count()
+        self.async_scheduling = args.async_scheduling
+        self._inflight: deque[tuple[SchedulerOutput, InflightStep]] = deque()  # dispatched, not yet fetched
         if args.warmup:
             self.runner.warmup()
 
@@ -92,23 +101,43 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
-        if not out.chunks:
+        self._dispatch()
+        if not self._inflight:
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError("the scheduler could not schedule any request although some are unfinished")
             return []
-        now = time.monotonic()
-        for chunk in out.chunks:
-            self.processor.mark_scheduled(chunk.request, now)
-        results, prompt_logprobs = self.runner.execute(out)
+        out, inflight = self._inflight.popleft()
+        results, prompt_logprobs = self.runner.fetch(inflight)
+        return self._process(out, results, prompt_logprobs)
+
+    def _dispatch(self) -> None:
+        """Send steps to the device: one when none is in flight, and one more ahead when async scheduling may."""
+        depth = 2 if self.async_scheduling else 1
+        while len(self._inflight) < depth and (not self._inflight or self._may_schedule_ahead()):
+            out = self.scheduler.schedule()
+            if not out.chunks:
+                self.runner.forget(out.finished_request_ids)
+                return
+            now = time.monotonic()
+            for chunk in out.chunks:
+                self.processor.mark_scheduled(chunk.request, now)
+            self._inflight.append((out, self.runner.dispatch(out)))
+
+    def _may_schedule_ahead(self) -> bool:
+        return not any(r.sampling_params.needs_penalties for r in self.scheduler.running)
+
+    def _process(self, out: SchedulerOutput, results, prompt_logprobs) -> list[RequestOutput]:
+        ended_before = {c.request.request_id for c in out.chunks if c.request.status.finished}  # e.g. aborted
         self.scheduler.update(out, {rid: r.token_id for rid, r in results.items()})
         self.num_steps += 1
         progressed = []
         for chunk in out.chunks:
             request = chunk.request
+            if request.request_id in ended_before:
+                continue  # its token from this step is dropped
             if request.request_id in prompt_logprobs:
                 self.processor.record_prompt_logprobs(request, prompt_logprobs[request.request_id])
-            if request.request_id not in results or request.status is RequestStatus.FINISHED_ABORTED:
+            if request.request_id not in results:
                 continue
             stop = self.processor.record_sample(request, results[request.request_id])
             if stop is not None and request.status.finished:  # the same token also hit a length limit
@@ -163,5 +192,6 @@ class LLMEngine:
             "prefix_cache_queries": pool.prefix_cache_queries,
             "prefix_cache_hits": pool.prefix_cache_hits,
             "num_compiled_programs": self.runner.num_compiled_programs,
+            "compile_seconds": self.runner.programs.compile_seconds,
             "num_steps": self.num_steps,
         }

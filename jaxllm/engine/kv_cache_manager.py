@@ -37,6 +37,10 @@ class KVCacheManager:
     def block_ids(self, request: Request) -> list[int]:
         return [b.block_id for b in self._blocks.get(request.request_id, [])]
 
+    def blocks(self, request: Request) -> list[Block]:
+        """The request's blocks in token order: the manager's own list, which only grows while the request runs."""
+        return self._blocks.setdefault(request.request_id, [])
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -70,11 +74,12 @@ class KVCacheManager:
         return True
 
     def cache_computed_blocks(self, request: Request) -> None:
-        """Register the request's blocks whose tokens are all computed."""
+        """Register the request's blocks whose tokens are all computed and known (a token sampled by a step in
+        flight may already count as computed by the next one)."""
         if not self.pool.enable_prefix_caching:
             return
         rid = request.request_id
-        full = request.num_computed_tokens // self.block_size
+        full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
         hashes = self._full_block_hashes(request)
         blocks = self._blocks[rid]
         for i in range(self._num_registered.get(rid, 0), full):

@@ -33,7 +33,8 @@ class Request:
     eos_token_id: int | None = None
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose K/V are in the pool
+    num_computed_tokens: int = 0  # tokens whose K/V are in the pool (or will be, by steps already dispatched)
+    num_pending: int = 0  # tokens sampled by dispatched steps whose values have not come back yet
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
@@ -43,9 +44,17 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
 
+    def __post_init__(self):
+        self._all_token_ids = self.prompt_token_ids + self.output_token_ids
+
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """Prompt then output tokens (kept as one list, extended by append_output: never rebuilt)."""
+        return self._all_token_ids
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
 
     @property
     def num_tokens(self) -> int:

@@ -7,6 +7,14 @@ its num_tokens within a token budget (max_num_batched_tokens) and a sequence bud
               goes back to the front of the waiting queue, to be recomputed (its output so far is kept)
 
 Host-only: the output is plain data (SchedulerOutput) that the runner turns into device arrays.
+
+Scheduling commits a step: each chunk's tokens count as computed at once, and a chunk that samples leaves its
+request one pending token (sampled on the device, value not yet known here). So the next step can be scheduled
+before this one's tokens come back (async scheduling): a request whose newest token is pending computes it next
+(the runner feeds it from the device), and update() later appends its value and applies the stop rules. A step
+scheduled ahead may give a request one token too many (it hit EOS meanwhile): that token is dropped, never
+reported. Requests at their length limit with a token pending are not scheduled ahead; a preempted request
+keeps its pending token (update appends it while it waits) and is not admitted again before it arrives.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import time
 from collections import deque
 
 from jaxllm.config import SchedulerConfig
+from jaxllm.engine.block_pool import Block
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.request import Request, RequestStatus
 
@@ -25,21 +34,25 @@ class ScheduledChunk:
     request: Request
     num_new_tokens: int
     num_computed_before: int  # tokens already in the pool: the chunk starts at this position
-    block_ids: list[int]
-    token_ids: list[int]  # the tokens this chunk computes
-    samples: bool  # the chunk reaches the request's last known token, so a new token is sampled after it
+    blocks: list[Block]  # the request's blocks (the KV cache manager's list, not a copy)
+    samples: bool  # the chunk reaches the request's newest token, so a new token is sampled after it
 
     @classmethod
-    def of(cls, request: Request, num_new_tokens: int, block_ids: list[int]) -> "ScheduledChunk":
+    def of(cls, request: Request, num_new_tokens: int, blocks: list[Block]) -> "ScheduledChunk":
         start = request.num_computed_tokens
-        return cls(request, num_new_tokens, start, block_ids, request.all_token_ids[start:start + num_new_tokens],
-                   start + num_new_tokens >= request.num_tokens)
+        return cls(request, num_new_tokens, start, blocks,
+                   start + num_new_tokens >= request.num_tokens + request.num_pending)
+
+    @property
+    def block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks]
 
 
 @dataclasses.dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk]  # running requests first, then newly admitted ones
     preempted: list[Request]
+    finished_request_ids: list[str] = dataclasses.field(default_factory=list)  # ended since the last schedule
 
     @property
     def num_tokens(self) -> int:
@@ -53,6 +66,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []  # ended since the last schedule (the runner drops their state)
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -89,6 +103,7 @@ class Scheduler:
         request.finished_time = time.monotonic()
         self.kv_cache.forget(request)
         del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
 
     def abort(self, request_id: str) -> Request | None:
         request = self.requests.get(request_id)
@@ -108,7 +123,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self._finishes_with_pending_token(request):
+                index += 1
+                continue
+            num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens, budget)
             while not self.kv_cache.allocate(request, num_new):
                 victim = self._lowest_ranked_running()
                 self._preempt(victim, chunks)
@@ -119,21 +137,34 @@ class Scheduler:
                 index = min(index, self.running.index(request))
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted itself: `index` now points at the next request
-            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.block_ids(request)))
+            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.blocks(request)))
             budget -= num_new
             index += 1
 
         if not preempted:  # admitting while others are being evicted would only thrash
             budget = self._admit_waiting(chunks, budget)
-        return SchedulerOutput(chunks, preempted)
+        for chunk in chunks:  # commit: the chunk's tokens count as computed, its sample as pending
+            chunk.request.num_computed_tokens += chunk.num_new_tokens
+            chunk.request.num_pending += chunk.samples
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(chunks, preempted, finished)
+
+    def _finishes_with_pending_token(self, request: Request) -> bool:
+        """The pending token takes the request to its length limit: it ends when that token arrives."""
+        return request.num_pending > 0 and \
+            request.num_tokens + request.num_pending >= request.max_total_tokens(self.config.max_model_len)
 
     def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self._pop_next_waiting()
-            if request.wait_for is not None and not request.wait_for.status.finished \
-                    and not request.wait_for.is_prefill_done:
-                skipped.append(request)  # let a sibling compute the shared prompt first
+            if request.num_pending:  # preempted with a token still on its way: readmit once it is known
+                skipped.append(request)
+                continue
+            first = request.wait_for
+            if first is not None and not first.status.finished and not (first.is_prefill_done and
+                                                                        not first.num_pending):
+                skipped.append(request)  # let a sibling compute (and cache) the shared prompt first
                 continue
             cached = self.kv_cache.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             num_computed = len(cached) * self.kv_cache.block_size
@@ -150,7 +181,7 @@ class Scheduler:
             request.num_computed_tokens = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.block_ids(request)))
+            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.blocks(request)))
             budget -= num_new
         for request in reversed(skipped):
             self._push_front(request)
@@ -183,20 +214,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ after the model ran
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advance each scheduled request; append the token sampled for it (if its chunk sampled); apply the
-        token-level stop rules. Returns the requests that finished."""
+        """The step's results are in: append each sampled token (the request's pending one), register the blocks
+        now fully computed with known tokens in the prefix cache, apply the token-level stop rules. Returns the
+        requests that finished."""
         finished = []
         for chunk in output.chunks:
             request = chunk.request
-            if request.status.finished:  # aborted while the step ran
+            request.num_pending -= chunk.samples
+            if request.status.finished:  # aborted, or stopped by an earlier step's token, while this one ran
                 continue
-            request.num_computed_tokens = chunk.num_computed_before + chunk.num_new_tokens
-            self.kv_cache.cache_computed_blocks(request)
+            if chunk.samples:
+                request.append_output(sampled[request.request_id])
+                if request.first_token_time is None:
+                    request.first_token_time = time.monotonic()
+            if request.status is RequestStatus.RUNNING:
+                self.kv_cache.cache_computed_blocks(request)
             if not chunk.samples:
                 continue
-            request.output_token_ids.append(sampled[request.request_id])
-            if request.first_token_time is None:
-                request.first_token_time = time.monotonic()
             status, reason = self._stop_status(request)
             if status is not None:
                 self.finish(request, status, reason)

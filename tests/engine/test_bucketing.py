@@ -1,33 +1,119 @@
-"""Shape buckets: every step shape the runner can meet lies in the enumerated bucket set."""
+"""The program set: its size at the default engine arguments, and every step a scheduler can produce runs on
+one of its programs with exactly the shapes that program was compiled for (property test over random schedules,
+with steps scheduled ahead of their predecessor's results, preemption, prompt logprobs and penalties)."""
 
 from __future__ import annotations
 
 import random
 
-from jaxllm.engine.bucketing import Buckets, StepShape
+import jax
+import numpy as np
+import pytest
+
+from jaxllm.config import ModelConfig, SchedulerConfig
+from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.block_pool import BlockPool
+from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
+from jaxllm.engine.input_batch import InputBatch
+from jaxllm.engine.kv_cache_manager import KVCacheManager
+from jaxllm.engine.request import Request
+from jaxllm.engine.scheduler import Scheduler
+from jaxllm.engine.step_programs import StepPrograms, abstract_sampling_batch
+from jaxllm.sampling_batch import neutral_adjustments
+from jaxllm.sampling_params import SamplingParams
+
+PROGRAM_BUDGET = 64  # at the default engine arguments (README)
 
 
-def test_decode_and_mixed_shapes():
-    buckets = Buckets(max_num_batched_tokens=64, max_num_seqs=8, max_blocks_per_seq=16)
-    assert buckets.shape_for([1, 1, 1], [2, 5, 3]) == StepShape(4, 4, 8, 0, 1)
-    assert buckets.shape_for([1, 1, 1, 40], [3, 3, 3, 3]) == StepShape(64, 4, 4, 1, 64)
-    assert buckets.shape_for([9, 7], [1, 1]) == StepShape(16, 2, 1, 2, 16)
+@pytest.mark.parametrize("pallas", [False, True], ids=["reference", "pallas"])
+def test_program_set_at_the_defaults_is_within_budget(pallas):
+    args = EngineArgs()
+    buckets = Buckets(args.max_num_batched_tokens, args.max_num_seqs, decode_only_programs=pallas)
+    programs = list(buckets.all_programs())
+    assert len(programs) == len(set(programs))
+    forward = [p for p in programs if p.kind == "forward"]
+    assert len(forward) == (16 if pallas else 10)  # T = 1 .. 512 (+ decode-only T = 1 .. 64 on the Pallas path)
+    assert sum(p.kind == "sample" for p in programs) == 7  # S = 1 .. 64
+    assert len(programs) == (24 if pallas else 18) <= PROGRAM_BUDGET
 
 
-def test_every_reachable_shape_is_in_the_bucket_set():
-    buckets = Buckets(max_num_batched_tokens=48, max_num_seqs=6, max_blocks_per_seq=10)
-    bucket_set = set(buckets.all_shapes())
-    assert len(bucket_set) == len(list(buckets.all_shapes()))  # no duplicates
-    rng = random.Random(0)
-    for _ in range(5000):
-        num_seqs = rng.randint(1, 6)
-        budget = 48
-        query_lens = []
-        for _ in range(num_seqs):
-            n = rng.choice([1, 1, rng.randint(1, budget - (num_seqs - len(query_lens) - 1))])
-            n = min(n, budget - (num_seqs - len(query_lens) - 1))
-            query_lens.append(n)
-            budget -= n
-        blocks = [rng.randint(1, 10) for _ in query_lens]
-        assert buckets.shape_for(query_lens, blocks) in bucket_set, (query_lens, blocks)
-    assert set(buckets.decode_shapes()) <= bucket_set
+def test_keys_round_up_and_refuse_what_cannot_happen():
+    buckets = Buckets(max_num_batched_tokens=48, max_num_seqs=6)
+    assert buckets.forward_key(33, decode_only=False) == ProgramKey("forward", 64)
+    assert buckets.forward_key(5, decode_only=True) == ProgramKey("forward", 8)  # no decode-only programs here
+    assert Buckets(48, 6, decode_only_programs=True).forward_key(5, True) == ProgramKey("forward", 8, True)
+    assert buckets.sample_key(6) == ProgramKey("sample", 8)
+    assert buckets.num_seq_rows(64) == 6 and buckets.num_seq_rows(4) == 4
+    assert buckets.num_logits_rows == 8 + PROMPT_ROWS
+    with pytest.raises(ValueError, match="exceeds max_num_batched_tokens 48"):
+        buckets.forward_key(49, decode_only=False)
+
+
+@pytest.mark.parametrize("pallas", [False, True], ids=["reference", "pallas"])
+def test_every_scheduled_step_matches_a_program_of_the_set(pallas):
+    rng = random.Random(int(pallas))
+    vocab, block_size, max_model_len = 64, 4, 48
+    config = ModelConfig("llama", vocab, 16, 32, 1, 2, 1, 8, max_position_embeddings=max_model_len)
+    sched_config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, max_model_len=max_model_len)
+    scheduler = Scheduler(sched_config, KVCacheManager(BlockPool(40), block_size))
+    buckets = Buckets(24, 6, decode_only_programs=pallas)
+    inputs = InputBatch(buckets, block_size, max_model_len, vocab, base_seed=0, eos_token_ids=(3,))
+    programs = StepPrograms(config, "reference", buckets, inputs.max_blocks)
+    program_set = set(buckets.all_programs())
+    in_flight, seen, counter, met = [], set(), 0, dict(pending=0, preempted=0, prompt_rows=0, adjusted=0)
+    for step in range(1500):
+        if rng.random() < 0.35:
+            scheduler.add_request(_random_request(rng, f"r{counter}", vocab, max_model_len))
+            counter += 1
+        if scheduler.requests and rng.random() < 0.03:
+            scheduler.abort(rng.choice(list(scheduler.requests)))
+        out = scheduler.schedule()
+        if out.chunks:
+            step_inputs = inputs.prepare(out)
+            _check_shapes(step_inputs, programs, program_set)
+            seen |= {step_inputs.forward_key, step_inputs.sample_key}
+            met["pending"] += bool((step_inputs.prev_rows >= 0).any())
+            met["preempted"] += bool(out.preempted)
+            met["prompt_rows"] += bool(step_inputs.prompt_spans)
+            met["adjusted"] += bool(step_inputs.sampling is not None and step_inputs.sampling.has_adjustments)
+            inputs.commit(step_inputs)
+            in_flight.append((out, step_inputs))
+        ahead = len(in_flight) == 2 or (in_flight and rng.random() < 0.5)  # sometimes wait, sometimes go ahead
+        if in_flight and (ahead or not out.chunks):
+            done, done_inputs = in_flight.pop(0)
+            tokens = {c.request.request_id: rng.randint(0, vocab - 1) for c in done.chunks if c.samples}
+            for cached in done_inputs.sampled:
+                cached.append(tokens[cached.request.request_id])
+            scheduler.update(done, tokens)
+    assert len(seen - {None}) > (12 if pallas else 9)  # the walk met most of the set
+    assert all(count > 10 for count in met.values()), met
+
+
+def _random_request(rng, request_id, vocab, max_model_len) -> Request:
+    prompt = [rng.randint(4, vocab - 1) for _ in range(rng.randint(1, max_model_len - 2))]
+    extra = rng.choice([{}, {}, dict(prompt_logprobs=1), dict(repetition_penalty=1.2), dict(logit_bias={5: 1.0}),
+                        dict(min_tokens=1)])
+    params = SamplingParams(temperature=rng.choice([0.0, 1.0]), max_tokens=rng.randint(1, max_model_len - len(prompt)),
+                            **extra)
+    return Request(request_id, prompt, params, eos_token_id=3)
+
+
+def _check_shapes(step_inputs, programs: StepPrograms, program_set) -> None:
+    forward = step_inputs.forward_key
+    assert forward in program_set
+    _same_shapes(step_inputs.batch, programs.abstract_step_batch(forward.size, forward.variant))
+    assert step_inputs.prev_rows.shape == (forward.size,) and step_inputs.prev_rows.dtype == np.int32
+    if step_inputs.sample_key is not None:
+        assert step_inputs.sample_key in program_set
+        key, sampling = step_inputs.sample_key, step_inputs.sampling
+        if sampling.adjustments is None:  # as the runner does
+            sampling = sampling.replace(adjustments=neutral_adjustments(key.size, programs.config.vocab_size))
+        _same_shapes(sampling, abstract_sampling_batch(key.size, programs.config.vocab_size))
+    assert len(step_inputs.prompt_targets) % PROMPT_ROWS == 0
+    assert len(step_inputs.prompt_targets) <= programs.buckets.num_logits_rows - programs.buckets.num_sample_rows
+
+
+def _same_shapes(actual, expected) -> None:
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        assert (np.shape(a), np.asarray(a).dtype) == (e.shape, e.dtype)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxllm import load_model
+from jaxllm.compile_counter import CompileCounter
 from tests.greedy_reference import greedy_generate
 from jaxllm.llm import LLM
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
@@ -123,7 +124,7 @@ def test_logprobs_are_log_softmax_of_model_logits(model_dir):
         sum(logprobs[len(prompt) - 1 + i][t] for i, t in enumerate(out.outputs[0].token_ids)), abs=1e-3)
 
 
-def test_long_mixed_workload_compiles_only_bucket_shapes(model_dir):
+def test_long_mixed_workload_uses_only_bucket_programs(model_dir):
     llm = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=32)
     rng = np.random.RandomState(1)
     prompts = [{"prompt_token_ids": rng.randint(3, 256, size=rng.randint(1, 60)).tolist()} for _ in range(40)]
@@ -131,13 +132,41 @@ def test_long_mixed_workload_compiles_only_bucket_shapes(model_dir):
                              ignore_eos=True, detokenize=False) for _ in prompts]
     llm.generate(prompts, params, use_tqdm=False)
     runner = llm.engine.runner
-    bucket_set = set(runner.buckets.all_shapes())
-    assert runner.step_shapes <= bucket_set
-    # one program per (shape, sampling variant): greedy-only and random-only steps at most double it
-    assert runner.num_compiled_programs <= 3 * len(runner.step_shapes)
-    before = runner.num_compiled_programs
-    llm.generate(prompts, params, use_tqdm=False)  # the same workload again compiles nothing new
-    assert runner.num_compiled_programs == before
+    assert runner.programs_used <= set(runner.buckets.all_programs())
+    assert set(runner.programs.compiled) == runner.programs_used  # built on first use, one per key
+    with CompileCounter() as compiles:
+        llm.generate(prompts, params, use_tqdm=False)  # the same workload again compiles nothing new
+    assert compiles.count == 0
+
+
+@pytest.mark.parametrize("settings", [
+    dict(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24),  # preemption with tokens in flight
+    dict(max_num_seqs=3, max_num_batched_tokens=16),  # chunked prefill, queueing
+], ids=["preemption", "chunked"])
+def test_async_scheduling_changes_no_output(settings, model_dir, prompts):
+    """Steps dispatched ahead of their predecessor's results give the same outputs, token for token."""
+    rng = np.random.RandomState(3)
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, detokenize=False),
+              SamplingParams(temperature=0.0, max_tokens=9, stop_token_ids=[17, 33, 40], detokenize=False),
+              SamplingParams(temperature=0.9, top_p=0.8, seed=5, max_tokens=15, detokenize=False, logprobs=2),
+              SamplingParams(n=2, temperature=1.0, max_tokens=7, min_tokens=3, stop_token_ids=[9],
+                             detokenize=False),
+              SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=1, detokenize=False)]
+    batch_params = [params[int(i)] for i in rng.randint(0, len(params), len(prompts))]
+    runs = []
+    for async_scheduling in (False, True):
+        llm = make_llm(model_dir, async_scheduling=async_scheduling, **settings)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], batch_params, use_tqdm=False)
+        runs.append(outputs)
+    for sync, ahead in zip(*runs):
+        assert [(c.token_ids, c.finish_reason) for c in sync.outputs] == \
+            [(c.token_ids, c.finish_reason) for c in ahead.outputs]
+        assert _logprob_values(sync) == pytest.approx(_logprob_values(ahead), abs=1e-5)
+
+
+def _logprob_values(output) -> list[float]:
+    entries = [e for c in output.outputs for e in c.logprobs or []] + [e for e in output.prompt_logprobs or [] if e]
+    return [lp.logprob for entry in entries for lp in entry.values()]
 
 
 def test_requests_that_cannot_fit_are_rejected_and_nothing_is_left_behind(model_dir):

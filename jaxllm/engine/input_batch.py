@@ -1,0 +1,187 @@
+"""The runner's own copy of each request it runs, and the host arrays of one step built from it.
+
+A step should cost host work in proportion to what changed since the last one, not to the requests' lengths
+(vLLM's runner keeps such a copy too). Per request, CachedRequest holds:
+
+    tokens       [max_model_len] int32   prompt, then outputs as their values arrive from the device
+    block_table  [MB] int32              block ids, extended as the scheduler allocates
+    sampling     RowSampling             per-request sampling inputs; penalty rows updated per token
+
+prepare() turns a SchedulerOutput into StepInputs (numpy, padded to the buckets) with vectorized numpy over the
+step's tokens; a token whose value is still on the device (the request's pending token, sampled by the step
+dispatched just before) gets prev_rows = its row in that step's sampler output instead of a value.
+An entry is made when a request is scheduled for the first time (or again, after preemption) and dropped when the
+scheduler reports it preempted or finished.
+
+    logits rows:  | sampled rows, chunk order | padding | prompt-logprob rows | padding |
+                    0 .. S-1                            S_max ..
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
+from jaxllm.engine.request import Request
+from jaxllm.engine.scheduler import ScheduledChunk, SchedulerOutput
+from jaxllm.model import StepBatch
+from jaxllm.model.kv_cache import NULL_BLOCK
+from jaxllm.sampling_batch import RowSampling, SamplingBatch, pack_sampling_batch
+
+
+class CachedRequest:
+    def __init__(self, request: Request, max_len: int, max_blocks: int, vocab_size: int, *, base_seed: int,
+                 eos_token_ids: tuple[int, ...]):
+        self.request = request
+        known = request.all_token_ids
+        self.tokens = np.zeros(max_len, np.int32)
+        self.tokens[:len(known)] = known
+        self.num_tokens = len(known)  # tokens whose values are here
+        self.block_table = np.full(max_blocks, NULL_BLOCK, np.int32)
+        self.num_blocks = 0
+        self.sampling = RowSampling(request.sampling_params, request.prompt_token_ids, request.output_token_ids,
+                                    vocab_size, base_seed=base_seed, rng_stream=request.rng_stream,
+                                    eos_token_ids=eos_token_ids)
+        self.sample_row = -1  # its row in the sampler output of the last step that sampled for it
+
+    def sync_blocks(self, chunk: ScheduledChunk) -> None:
+        blocks = chunk.blocks
+        for i in range(self.num_blocks, len(blocks)):
+            self.block_table[i] = blocks[i].block_id
+        self.num_blocks = len(blocks)
+
+    def append(self, token: int) -> None:
+        self.tokens[self.num_tokens] = token
+        self.num_tokens += 1
+        self.sampling.record(token)
+
+
+@dataclasses.dataclass
+class PromptSpan:
+    """Prompt-logprob rows of one chunk: prompt positions p (their logits score prompt token p + 1)."""
+
+    request: Request
+    first_row: int  # index of its first row within the prompt-logprob rows
+    positions: range
+
+
+@dataclasses.dataclass
+class StepInputs:
+    forward_key: ProgramKey
+    batch: StepBatch  # numpy, padded to the forward's bucket
+    prev_rows: np.ndarray  # [T] int32: -1, or the previous step's sampler row holding this token's value
+    sampled: list[CachedRequest]  # in sampler-row order
+    sample_key: ProgramKey | None
+    sampling: SamplingBatch | None  # adjustments None when no row has any (the runner supplies neutral ones)
+    prompt_spans: list[PromptSpan]
+    prompt_targets: np.ndarray  # [P'] int32, the prompt token each prompt-logprob row scores; P' a multiple of
+    #                             PROMPT_ROWS
+
+
+class InputBatch:
+    def __init__(self, buckets: Buckets, block_size: int, max_model_len: int, vocab_size: int, *, base_seed: int,
+                 eos_token_ids: tuple[int, ...]):
+        self.buckets = buckets
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_blocks = -(-max_model_len // block_size)
+        self.vocab_size = vocab_size
+        self.base_seed = base_seed
+        self.eos_token_ids = eos_token_ids
+        self.requests: dict[str, CachedRequest] = {}
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        for request_id in [*out.finished_request_ids, *(r.request_id for r in out.preempted)]:
+            self.requests.pop(request_id, None)
+        chunks = out.chunks
+        cached = [self._cached(c) for c in chunks]
+        q_lens = np.fromiter((c.num_new_tokens for c in chunks), np.int32, len(chunks))
+        starts = np.fromiter((c.num_computed_before for c in chunks), np.int32, len(chunks))
+        batch, prev_rows, key = self._step_batch(chunks, cached, q_lens, starts)
+        sampled_rows = [i for i, c in enumerate(chunks) if c.samples]
+        spans = self._prompt_spans(chunks)
+        batch.logits_indices[:len(sampled_rows)] = batch.query_start_loc[sampled_rows] + q_lens[sampled_rows] - 1
+        targets = self._prompt_rows(chunks, cached, spans, batch)
+        sampled = [cached[i] for i in sampled_rows]
+        sample_key = sampling = None
+        if sampled:
+            sample_key = self.buckets.sample_key(len(sampled))
+            sampling = pack_sampling_batch([c.sampling for c in sampled], sample_key.size, self.vocab_size)
+        return StepInputs(key, batch, prev_rows, sampled, sample_key, sampling, spans, targets)
+
+    def commit(self, inputs: StepInputs) -> None:
+        """The step is dispatched: each sampled request now has a token on its way, in this sampler row."""
+        for row, cached in enumerate(inputs.sampled):
+            cached.sample_row = row
+            cached.sampling.expect_token()
+
+    def _cached(self, chunk: ScheduledChunk) -> CachedRequest:
+        request = chunk.request
+        cached = self.requests.get(request.request_id)
+        if cached is None:
+            cached = self.requests[request.request_id] = CachedRequest(
+                request, self.max_model_len, self.max_blocks, self.vocab_size, base_seed=self.base_seed,
+                eos_token_ids=self.eos_token_ids)
+        cached.sync_blocks(chunk)
+        return cached
+
+    def _step_batch(self, chunks, cached, q_lens, starts) -> tuple[StepBatch, np.ndarray, ProgramKey]:
+        """The forward's arrays, padded to its bucket: T tokens, min(T, max_num_seqs) sequence rows."""
+        num_chunks, total = len(chunks), int(q_lens.sum())
+        key = self.buckets.forward_key(total, decode_only=bool(q_lens.max() <= 1))
+        num_tokens, num_rows, block = key.size, self.buckets.num_seq_rows(key.size), self.block_size
+        query_start_loc = np.full(num_rows + 1, total, np.int32)
+        query_start_loc[0] = 0
+        query_start_loc[1:num_chunks + 1] = np.cumsum(q_lens)
+        row_of = np.repeat(np.arange(num_chunks), q_lens)  # [total] the chunk of each token
+        positions = np.zeros(num_tokens, np.int32)
+        positions[:total] = np.arange(total) - query_start_loc[row_of] + starts[row_of]
+        block_tables = np.full((num_rows, self.max_blocks), NULL_BLOCK, np.int32)
+        block_tables[:num_chunks] = [c.block_table for c in cached]
+        slot_mapping = np.full(num_tokens, NULL_BLOCK * block, np.int32)
+        pos = positions[:total]
+        slot_mapping[:total] = block_tables[row_of, pos // block] * block + pos % block
+        context_lens = np.zeros(num_rows, np.int32)
+        context_lens[:num_chunks] = starts + q_lens
+        token_ids = np.zeros(num_tokens, np.int32)
+        prev_rows = np.full(num_tokens, -1, np.int32)
+        for i, c in enumerate(cached):
+            first, start, end = query_start_loc[i], starts[i], starts[i] + q_lens[i]
+            known_end = min(end, c.num_tokens)
+            token_ids[first:first + known_end - start] = c.tokens[start:known_end]
+            if known_end < end:  # the chunk ends with the request's pending token: it is still on the device
+                assert end - known_end == 1 and c.sample_row >= 0, "at most one pending token, the newest"
+                prev_rows[first + q_lens[i] - 1] = c.sample_row
+        logits_indices = np.zeros(self.buckets.num_logits_rows, np.int32)
+        batch = StepBatch(token_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
+                          logits_indices, decode_only=key.variant)
+        return batch, prev_rows, key
+
+    def _prompt_spans(self, chunks) -> list[PromptSpan]:
+        """Prompt positions needing logprobs, per chunk: reported once, by the first sample, before preemption."""
+        spans, row = [], 0
+        for chunk in chunks:
+            request = chunk.request
+            if request.sampling_params.prompt_logprobs is None or request.num_preemptions or request.sample_index:
+                continue
+            end = min(chunk.num_computed_before + chunk.num_new_tokens, request.num_prompt_tokens - 1)
+            positions = range(chunk.num_computed_before, end)
+            if positions:
+                spans.append(PromptSpan(request, row, positions))
+                row += len(positions)
+        return spans
+
+    def _prompt_rows(self, chunks, cached, spans, batch) -> np.ndarray:
+        total = spans[-1].first_row + len(spans[-1].positions) if spans else 0
+        targets = np.zeros(-(-total // PROMPT_ROWS) * PROMPT_ROWS, np.int32)
+        base = self.buckets.num_sample_rows
+        index = {c.request.request_id: i for i, c in enumerate(chunks)}
+        for span in spans:
+            i = index[span.request.request_id]
+            rows = slice(span.first_row, span.first_row + len(span.positions))
+            offsets = np.arange(span.positions.start, span.positions.stop) - chunks[i].num_computed_before
+            batch.logits_indices[base + rows.start:base + rows.stop] = batch.query_start_loc[i] + offsets
+            targets[rows] = cached[i].tokens[span.positions.start + 1:span.positions.stop + 1]
+        return targets

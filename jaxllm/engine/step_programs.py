@@ -1,0 +1,127 @@
+"""The engine's jitted programs, compiled ahead of time per bucket (engine/bucketing.py) and kept by key.
+
+    forward(params, kv, batch, prev_tokens, prev_rows) -> (hidden [R, H], kv)          kv donated
+        batch.token_ids [T], with the previous step's sampled tokens swapped in where prev_rows [T] >= 0: under
+        async scheduling a token sampled by step t is fed to step t + 1 without visiting the host.
+    sample(params, hidden, sampling) -> (SamplerOutput [S], next_tokens [S_max])
+        logits [S, V] = LM head of hidden[:S], on the device only; next_tokens is the prev_tokens of the next step.
+    prompt_logprobs(params, hidden, first_row, targets [P]) -> (logprob [P], rank [P], top ids [P, N], top lps [P, N])
+        P = PROMPT_ROWS rows of hidden from first_row; N = MAX_LOGPROBS.
+
+`compile_all` builds every program of the bucket set (warm-up); a program not built yet is built on first use
+and logged. Nothing else ever reaches XLA: the runner calls these compiled programs only.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxllm.config import ModelConfig
+from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
+from jaxllm.model import StepBatch, compute_logits, forward_hidden
+from jaxllm.model.params import params_dtype
+from jaxllm.sampler import sample
+from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
+from jaxllm.sampling_params import MAX_LOGPROBS
+
+logger = logging.getLogger(__name__)
+
+
+def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, *, config, attention):
+    tokens = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], batch.token_ids)  # [T]
+    return forward_hidden(params, kv, batch.replace(token_ids=tokens), config=config, attention=attention)
+
+
+def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sample_rows: int):
+    out = sample(compute_logits(params, hidden[:num_rows]), sampling)  # logits [S, V]
+    return out, jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
+
+
+def _prompt_logprobs(params, hidden, first_row, targets):
+    rows = jax.lax.dynamic_slice_in_dim(hidden, first_row, targets.shape[0])  # [P, H]
+    logprobs = jax.nn.log_softmax(compute_logits(params, rows), axis=-1)  # [P, V]
+    target = jnp.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
+    rank = 1 + jnp.sum(logprobs > target[:, None], axis=-1, dtype=jnp.int32)
+    top_lp, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[1]))
+    return target, rank, top_ids.astype(jnp.int32), top_lp
+
+
+class StepPrograms:
+    def __init__(self, config: ModelConfig, attention: str, buckets: Buckets, max_blocks_per_seq: int):
+        self.config = config
+        self.buckets = buckets
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self._jitted = {
+            "forward": jax.jit(functools.partial(_forward, config=config, attention=attention), donate_argnums=(1,)),
+            "sample": jax.jit(_sample, static_argnames=("num_rows", "num_sample_rows")),
+            "prompt_logprobs": jax.jit(_prompt_logprobs),
+        }
+        self.compiled: dict[ProgramKey, Any] = {}
+        self.compile_seconds = 0.0
+
+    def __call__(self, key: ProgramKey, *args):
+        program = self.compiled.get(key)
+        if program is None:
+            program = self._compile(key, args)
+        return program(*args)
+
+    def compile_all(self, params, kv) -> None:
+        """Build every program of the bucket set (the warm-up): afterwards no step compiles anything."""
+        start = time.perf_counter()
+        missing = [key for key in self.buckets.all_programs() if key not in self.compiled]
+        for key in missing:
+            self._compile(key, self.example_args(key, params, kv))
+        logger.info("warm-up built %d programs in %.1f s", len(missing), time.perf_counter() - start)
+
+    def _compile(self, key: ProgramKey, args):
+        start = time.perf_counter()
+        static = {"num_rows": key.size, "num_sample_rows": self.buckets.num_sample_rows} if key.kind == "sample" \
+            else {}
+        program = self._jitted[key.kind].lower(*args, **static).compile()
+        seconds = time.perf_counter() - start
+        self.compiled[key] = program
+        self.compile_seconds += seconds
+        logger.info("built program %d (%s) in %.2f s", len(self.compiled), key, seconds)
+        return program
+
+    def example_args(self, key: ProgramKey, params, kv) -> tuple:
+        """Arguments of the program's shapes (abstract where they are not the params or the pool)."""
+        hidden = _abstract((self.buckets.num_logits_rows, self.config.hidden_size), params_dtype(params))
+        if key.kind == "forward":
+            num_tokens = key.size
+            return (params, kv, self.abstract_step_batch(num_tokens, key.variant),
+                    _abstract((self.buckets.num_sample_rows,), jnp.int32), _abstract((num_tokens,), jnp.int32))
+        if key.kind == "sample":
+            return params, hidden, abstract_sampling_batch(key.size, self.config.vocab_size)
+        return params, hidden, _abstract((), jnp.int32), _abstract((PROMPT_ROWS,), jnp.int32)
+
+    def abstract_step_batch(self, num_tokens: int, decode_only: bool) -> StepBatch:
+        rows = self.buckets.num_seq_rows(num_tokens)
+        tokens = _abstract((num_tokens,), jnp.int32)
+        return StepBatch(tokens, tokens, tokens, _abstract((rows, self.max_blocks_per_seq), jnp.int32),
+                         _abstract((rows,), jnp.int32), _abstract((rows + 1,), jnp.int32),
+                         _abstract((self.buckets.num_logits_rows,), jnp.int32), decode_only=decode_only)
+
+
+def abstract_sampling_batch(num_rows: int, vocab_size: int) -> SamplingBatch:
+    """The sampler program's input: every field, adjustments included (neutral ones when no row has any)."""
+    rows, dense = (num_rows,), (num_rows, vocab_size)
+    adjustments = LogitAdjustments(_abstract(dense, jnp.float32), _abstract(dense, jnp.bool_),
+                                   _abstract(rows, jnp.float32), _abstract(dense, jnp.float32))
+    return SamplingBatch(
+        temperature=_abstract(rows, jnp.float32), is_greedy=_abstract(rows, jnp.bool_),
+        top_k=_abstract(rows, jnp.int32), top_p=_abstract(rows, jnp.float32), min_p=_abstract(rows, jnp.float32),
+        rng_key_data=_abstract((num_rows, 2), jnp.uint32), rng_stream=_abstract(rows, jnp.uint32),
+        rng_counter=_abstract(rows, jnp.uint32), wants_logprobs=_abstract((), jnp.bool_),
+        has_adjustments=_abstract((), jnp.bool_), adjustments=adjustments)
+
+
+def _abstract(shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, np.dtype(dtype))
