@@ -3,7 +3,6 @@ prompts, the chat template and the openai client all work) while loading and com
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -13,54 +12,10 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
-TINY_CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=49152, hidden_size=64,
-                   intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                   max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-                   bos_token_id=1, eos_token_id=2, hidden_act="silu", torch_dtype="float32")
 SERVED_NAME = "tiny"
 STARTUP_TIMEOUT_S = 180
-
-
-def _tiny_weights(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = hidden // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * head_dim
-
-    def normal(*shape):
-        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
-
-    weights = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden),
-               "model.norm.weight": np.ones(hidden, np.float32)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        weights.update({p + "input_layernorm.weight": np.ones(hidden, np.float32),
-                        p + "post_attention_layernorm.weight": np.ones(hidden, np.float32),
-                        p + "self_attn.q_proj.weight": normal(hidden, hidden),
-                        p + "self_attn.k_proj.weight": normal(kv, hidden),
-                        p + "self_attn.v_proj.weight": normal(kv, hidden),
-                        p + "self_attn.o_proj.weight": normal(hidden, hidden),
-                        p + "mlp.gate_proj.weight": normal(inter, hidden),
-                        p + "mlp.up_proj.weight": normal(inter, hidden),
-                        p + "mlp.down_proj.weight": normal(hidden, inter)})
-    return weights
-
-
-@pytest.fixture(scope="session")
-def tiny_model_with_tokenizer(tmp_path_factory) -> Path:
-    from safetensors.numpy import save_file
-
-    from jaxllm.loaders import resolve_model
-    from jaxllm.tokenizer import load_tokenizer
-
-    directory = tmp_path_factory.mktemp("tiny-server-model")
-    (directory / "config.json").write_text(json.dumps(TINY_CONFIG))
-    save_file(_tiny_weights(TINY_CONFIG), str(directory / "model.safetensors"))
-    load_tokenizer(resolve_model(None)).save_pretrained(str(directory))
-    return directory
 
 
 def free_port() -> int:
@@ -121,9 +76,10 @@ def start_server(tiny_model_with_tokenizer, tmp_path_factory):
     session."""
     started = []
 
-    def start(*extra: str, via_cli: bool = False) -> ServerProcess:
+    def start(*extra: str, via_cli: bool = False, warmup: bool = False) -> ServerProcess:
+        flags = extra if warmup else (*extra, "--no-warmup")  # only the shared server pays for a full warm-up
         server = ServerProcess(tiny_model_with_tokenizer, tmp_path_factory.mktemp("server-log") / "server.log",
-                               *extra, via_cli=via_cli)
+                               *flags, via_cli=via_cli)
         started.append(server)
         return server
 
@@ -134,5 +90,6 @@ def start_server(tiny_model_with_tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(start_server) -> ServerProcess:
-    """The shared server most tests talk to: batches up to 32 sequences."""
-    return start_server("--max-num-seqs", "32", "--max-model-len", "256", "--max-num-batched-tokens", "256")
+    """The shared server most tests talk to: batches up to 32 sequences; warmed up (the default)."""
+    return start_server("--max-num-seqs", "32", "--max-model-len", "256", "--max-num-batched-tokens", "256",
+                        warmup=True)

@@ -19,10 +19,10 @@ from jaxllm.benchmarks.serving import (
     make_requests,
     run_benchmark,
 )
-from tests.server.conftest import TINY_CONFIG
+from tests.tiny_models import TOKENIZER_MODEL_CONFIG
 from tests.server.helpers import MODEL
 
-VOCAB = TINY_CONFIG["vocab_size"]
+VOCAB = TOKENIZER_MODEL_CONFIG["vocab_size"]
 SERVER_MAX_MODEL_LEN = 256  # the shared `server` fixture's --max-model-len
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 

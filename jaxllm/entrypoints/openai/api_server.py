@@ -58,7 +58,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmup", action="store_true", help="compile every decode shape before serving")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="build every step program before serving, so that no request waits for a compile "
+                             "(default: on; --no-warmup starts faster and compiles on first use)")
+    parser.add_argument("--compilation-cache-dir", default=None,
+                        help="persistent XLA compilation cache: programs built once load in a fraction of the "
+                             "time at the next start")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                        help="dispatch each engine step before the previous one's tokens are back (default: on)")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -70,7 +77,8 @@ def engine_args(args: argparse.Namespace):
                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                       block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
                       kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                      enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, warmup=args.warmup)
+                      enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, warmup=args.warmup,
+                      compilation_cache_dir=args.compilation_cache_dir, async_scheduling=args.async_scheduling)
 
 
 def served_names(args: argparse.Namespace) -> list[str]:

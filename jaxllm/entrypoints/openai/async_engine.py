@@ -91,6 +91,7 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ event-loop side
     def start(self) -> None:
+        self.metrics.record_engine(self.engine.stats())
         self._thread.start()
 
     @property

@@ -30,6 +30,8 @@ class ServerMetrics:
         self.running = gauge("num_requests_running", "Sequences in the running batch")
         self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)")
+        self.programs = gauge("compiled_programs", "XLA programs the engine built (compiled or loaded from the "
+                                                   "persistent cache), warm-up included")
         self.prefix_queries = counter("prefix_cache_queries", "Prefix cache lookups")
         self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
@@ -51,6 +53,7 @@ class ServerMetrics:
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         self.kv_usage.set(stats["kv_cache_usage"])
+        self.programs.set(stats["num_compiled_programs"])
         queries, hits = stats["prefix_cache_queries"], stats["prefix_cache_hits"]
         self.prefix_queries.inc(max(0, queries - self._last_prefix[0]))
         self.prefix_hits.inc(max(0, hits - self._last_prefix[1]))
