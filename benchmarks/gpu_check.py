@@ -13,6 +13,9 @@ the other, each in its own try block, so a failing section is reported and the r
                   scatter that writes the step's K/V (it stays outside the kernels)
     end_to_end    decode step time of a random-weight Llama-3-8B-shaped model in bf16 at batch 1, 64 and 256
                   through jit_forward, pallas vs reference attention
+    engine        the whole engine on a random-weight SmolLM2-shaped model in bf16, Pallas attention: warm-up
+                  (programs, seconds), then a mixed workload with async scheduling on and off: output tokens/s
+                  and the programs it compiled after warm-up (must be 0)
     tuning        kernel time for a few settings of the tiling knobs, to pick the defaults from measurements
 
 Each section starts no new measurement once its share of --budget-s is spent.
@@ -29,6 +32,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 
@@ -38,7 +42,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxllm.benchmarks.model_presets import model_preset  # noqa: E402
+from jaxllm.compile_counter import CompileCounter  # noqa: E402
 from jaxllm.config import ModelConfig  # noqa: E402
+from jaxllm.engine.args import EngineArgs  # noqa: E402
+from jaxllm.engine.engine import LLMEngine  # noqa: E402
+from jaxllm.loaders import LoadedModel  # noqa: E402
+from jaxllm.sampling_params import SamplingParams  # noqa: E402
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params  # noqa: E402
 from jaxllm.model.kv_cache import write_kv  # noqa: E402
 from pallas_kernels.paged_attention import (ragged_paged_attention, ragged_paged_attention_reference,  # noqa: E402
@@ -67,6 +77,9 @@ class Profile:
     e2e_batches: tuple
     e2e_context: int
     tuning: tuple  # (kernel, name, [(q_len, context)], [knob overrides]) per knob sweep
+    engine: dict  # EngineArgs of the engine section (its model: engine_model), and its workload size
+    engine_model: ModelConfig
+    engine_requests: int
     iters: int  # calls per timing loop
     repeats: int  # timing loops; the median is reported
 
@@ -101,6 +114,9 @@ GPU = Profile(
          [{}, dict(block_kv=32), dict(block_kv=128), dict(block_q=32), dict(block_q=32, num_warps=8),
           dict(block_q=32, block_kv=32, num_warps=8), dict(num_stages=3)]),
     ),
+    engine=dict(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=512),
+    engine_model=model_preset("smollm2-135m"),
+    engine_requests=128,
     iters=20,
     repeats=5,
 )
@@ -115,6 +131,9 @@ SMOKE = Profile(
     e2e_batches=(2,),
     e2e_context=24,
     tuning=(("split_kv", "decode b2 ctx64", [(1, 64)] * 2, [dict(block_kv=16, num_splits=2)]),),
+    engine=dict(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16),
+    engine_model=TINY,
+    engine_requests=3,
     iters=1,
     repeats=1,
 )
@@ -131,8 +150,8 @@ def kernel_fn(name: str, max_query_len: int, sm_scale: float, interpret: bool):
     """Attention function (q, k_pool, v_pool, layer, tables, context_lens, query_start_loc) -> [T, Hq, D]."""
     kernels = {"reference": ragged_paged_attention_reference, "ragged": ragged_paged_attention,
                "split_kv": split_kv_paged_attention}
-    extra = {} if name == "reference" else dict(interpret=interpret)
-    return functools.partial(kernels[name], max_query_len=max_query_len, sm_scale=sm_scale, **extra)
+    extra = {} if name == "reference" else dict(interpret=interpret, max_query_len=max_query_len)
+    return functools.partial(kernels[name], sm_scale=sm_scale, **extra)
 
 
 def median_call_seconds(fn, args, profile: Profile) -> float:
@@ -309,6 +328,44 @@ def decode_steps(config: ModelConfig, attention: str, params, step, num_blocks: 
     return {"step_ms": sec * 1e3, "tokens_per_s": len(step.context_lens) / sec, "compile_s": compile_s}
 
 
+def section_engine(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
+    """LLMEngine with Pallas attention: warm-up of the whole program set, then a mixed workload compiling nothing."""
+    config = dataclasses.replace(profile.engine_model, max_position_embeddings=profile.engine["max_model_len"])
+    params = jax.block_until_ready(jax.jit(random_params, static_argnums=(0, 2))(config, jax.random.key(0),
+                                                                                 jnp.bfloat16))
+    cache = tempfile.mkdtemp(prefix="gpu-check-xla-cache-")  # the second engine loads what the first compiled
+    rows = []
+    for async_scheduling in (True, False):
+        if out_of_time(deadline, "engine"):
+            return rows
+        row = {"async_scheduling": async_scheduling}
+        rows.append(measured(row, functools.partial(engine_run, profile, config, params, async_scheduling, cache)))
+    return rows
+
+
+def engine_run(profile: Profile, config: ModelConfig, params, async_scheduling: bool, cache: str) -> dict:
+    start = time.perf_counter()
+    engine = LLMEngine(EngineArgs(skip_tokenizer=True, attention="pallas", warmup=True, compilation_cache_dir=cache,
+                                  async_scheduling=async_scheduling, **profile.engine),
+                       loaded=LoadedModel(config, params, source=None))
+    warmup_s = time.perf_counter() - start
+    rng = np.random.default_rng(0)
+    limit = profile.engine["max_model_len"]
+    for i in range(profile.engine_requests):
+        prompt = rng.integers(3, config.vocab_size, size=int(rng.integers(1, limit // 4))).tolist()
+        params_i = SamplingParams(temperature=float(i % 2), top_p=0.9, max_tokens=int(rng.integers(1, limit // 4)),
+                                  ignore_eos=True, detokenize=False)
+        engine.add_request(str(i), prompt, params_i)
+    tokens, start = 0, time.perf_counter()
+    with CompileCounter() as compiles:
+        while engine.has_unfinished_requests():
+            tokens += sum(len(c.token_ids) for out in engine.step() if out.finished for c in out.outputs)
+    seconds = time.perf_counter() - start
+    return {"programs": engine.runner.num_compiled_programs, "warmup_s": warmup_s,
+            "compile_s": engine.runner.programs.compile_seconds, "output_tok_s": tokens / seconds,
+            "steps": engine.num_steps, "compiles_after_warmup": compiles.count, "ok": compiles.count == 0}
+
+
 def section_tuning(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
     """Kernel time for a few knob settings ({} = the defaults), to choose the defaults from measurements."""
     rows = []
@@ -333,7 +390,8 @@ def run_sections(profile: Profile, interpret: bool, budget_s: float) -> dict:
         ("environment", lambda deadline: section_environment(interpret), 0.0),
         ("correctness", lambda deadline: section_correctness(profile, interpret, deadline), 0.25),
         ("kernels", lambda deadline: section_kernels(profile, interpret, deadline), 0.5),
-        ("end_to_end", lambda deadline: section_end_to_end(profile, interpret, deadline), 0.85),
+        ("end_to_end", lambda deadline: section_end_to_end(profile, interpret, deadline), 0.7),
+        ("engine", lambda deadline: section_engine(profile, interpret, deadline), 0.9),
         ("tuning", lambda deadline: section_tuning(profile, interpret, deadline), 1.0),
     ]
     results = {}

@@ -1,14 +1,15 @@
-"""Where an engine step's time goes: scheduling, host batch packing, device step, output processing.
+"""Where an engine step's time goes: scheduling, host batch packing, dispatch, waiting for the device, outputs.
 
     python benchmarks/profile_step.py --workload fixed      # the compare_hf.py workloads, after a warm-up run
     python benchmarks/profile_step.py --workload mixed --trace-dir /tmp/jaxllm-trace   # + a jax.profiler trace
 
 Wraps the engine's own functions with wall-clock timers (no engine change): `scheduler.schedule` and
-`scheduler.update` (scheduling), `build_step_batch` + `build_sampling_batch` (host packing), the jitted step up
-to `block_until_ready` (host-to-device copy, forward, sampling; the step is one XLA program), `jax.device_get`
-(device-to-host) and `processor.record_sample` + `processor.outputs_for` (detokenize, stop checks, outputs).
-The rest of `LLMEngine.step` is reported as "other host". Device step time is also split between decode-only
-steps and steps that carry prefill chunks (bucketed shape from the runner's `Buckets.shape_for`).
+`scheduler.update` (scheduling), `InputBatch.prepare` + `commit` (host packing), the program calls (dispatch:
+host-to-device copies and enqueueing; they return before the device finishes), `runner.fetch` (waiting for the
+device, then the device-to-host copy) and `processor.record_sample` + `processor.outputs_for` (detokenize, stop
+checks, outputs). The rest of `LLMEngine.step` is reported as "other host". With async scheduling (`--async`,
+the engine's default) the wait in fetch is what is left of a step's device time after the host work of the next
+step overlapped it. Waiting time is also split between decode-only steps and steps that carry prefill chunks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import time
 import jax
 from compare_hf import generate_greedy, make_workload
 
-from jaxllm.engine import runner as runner_module
 from jaxllm.llm import LLM
 
 
@@ -32,23 +32,23 @@ class StageTimer:
         self.seconds = collections.defaultdict(float)
         self.calls = collections.defaultdict(int)
         self.enabled = False
-        self.step_kind = "decode-only"  # of the step being executed, set from its bucketed shape
+        self.kinds = {}  # id of an in-flight step -> "decode-only" | "prefill-carrying"
 
-    def wrap(self, stage: str, fn, block: bool = False):
+    def wrap(self, stage: str, fn, kind_of=None):
+        """fn timed under `stage`; with kind_of(args), also under "stage, <kind> steps"."""
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             if not self.enabled:
                 return fn(*args, **kwargs)
             start = time.perf_counter()
             result = fn(*args, **kwargs)
-            if block:
-                jax.block_until_ready(result)
             elapsed = time.perf_counter() - start
             self.seconds[stage] += elapsed
             self.calls[stage] += 1
-            if block:
-                self.seconds[f"{stage}, {self.step_kind} steps"] += elapsed
-                self.calls[f"{stage}, {self.step_kind} steps"] += 1
+            if kind_of is not None:
+                kind = f"{stage}, {kind_of(*args)} steps"
+                self.seconds[kind] += elapsed
+                self.calls[kind] += 1
             return result
         return timed
 
@@ -58,42 +58,34 @@ def instrument(llm: LLM, timer: StageTimer) -> None:
     engine.step = timer.wrap("engine step (total)", engine.step)
     engine.scheduler.schedule = timer.wrap("scheduling", engine.scheduler.schedule)
     engine.scheduler.update = timer.wrap("scheduling", engine.scheduler.update)
-    runner_module.build_step_batch = timer.wrap("host batch packing", runner_module.build_step_batch)
-    runner_module.build_sampling_batch = timer.wrap("host batch packing", runner_module.build_sampling_batch)
-    shape_for = runner.buckets.shape_for
+    runner.inputs.prepare = timer.wrap("host batch packing", runner.inputs.prepare)
+    runner.inputs.commit = timer.wrap("host batch packing", runner.inputs.commit)
+    runner.programs = _TimedPrograms(runner.programs, timer.wrap("dispatch (h2d copies, enqueue)", runner.programs))
+    dispatch = runner.dispatch
 
-    def shape_for_and_kind(query_lens, blocks_per_seq):
-        shape = shape_for(query_lens, blocks_per_seq)
-        timer.step_kind = "prefill-carrying" if shape.num_prefill_rows else "decode-only"
-        return shape
+    def dispatch_and_note_kind(out):
+        step = dispatch(out)
+        timer.kinds[id(step)] = "prefill-carrying" if any(c.num_new_tokens > 1 for c in out.chunks) else "decode-only"
+        return step
 
-    runner.buckets = _BucketsSpy(runner.buckets, shape_for_and_kind)
-    step = runner._step
-    runner._step = timer.wrap("device step (h2d + forward + sample)", step, block=True)
-    runner._step._cache_size = step._cache_size  # the runner counts compiled programs through it
-    runner_module.jax = _JaxWithTimedDeviceGet(timer)
+    runner.dispatch = dispatch_and_note_kind
+    runner.fetch = timer.wrap("fetch (wait for the device, d2h copy)", runner.fetch,
+                              kind_of=lambda step: timer.kinds.pop(id(step), "unknown"))
     engine.processor.record_sample = timer.wrap("output processing", engine.processor.record_sample)
     engine.processor.outputs_for = timer.wrap("output processing", engine.processor.outputs_for)
 
 
-class _BucketsSpy:
-    """The runner's Buckets with shape_for replaced (Buckets is a frozen dataclass)."""
+class _TimedPrograms:
+    """The runner's StepPrograms with its calls timed (attributes pass through)."""
 
-    def __init__(self, buckets, shape_for):
-        self._buckets, self.shape_for = buckets, shape_for
+    def __init__(self, programs, timed_call):
+        self._programs, self._call = programs, timed_call
 
-    def __getattr__(self, name):
-        return getattr(self._buckets, name)
-
-
-class _JaxWithTimedDeviceGet:
-    """The runner module's `jax`, with device_get timed (the step's one device-to-host copy)."""
-
-    def __init__(self, timer: StageTimer):
-        self._device_get = timer.wrap("device-to-host copy", jax.device_get)
+    def __call__(self, *args):
+        return self._call(*args)
 
     def __getattr__(self, name):
-        return self._device_get if name == "device_get" else getattr(jax, name)
+        return getattr(self._programs, name)
 
 
 def main():
@@ -102,14 +94,17 @@ def main():
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--trace-dir", default=None, help="also write a jax.profiler trace of the measured run")
+    parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                        help="wait for each step before scheduling the next")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
 
-    llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024)
+    llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024,
+              async_scheduling=args.async_scheduling)
     timer = StageTimer()
     instrument(llm, timer)
 
-    generate_greedy(llm, make_workload(args.workload, llm.get_tokenizer(), seed=1))  # compiles the step shapes
+    generate_greedy(llm, make_workload(args.workload, llm.get_tokenizer(), seed=1))  # builds the programs it needs
     timer.enabled = True
     trace = jax.profiler.trace(args.trace_dir) if args.trace_dir else contextlib.nullcontext()
     with trace:
@@ -125,7 +120,7 @@ def main():
     print("| stage | ms per step | share of step time |\n|---|---:|---:|")
     for stage, seconds in stages.items():
         print(f"| {stage} | {seconds / steps * 1e3:.2f} | {seconds / total:.1%} |")
-    print("\n| device step, by step kind | steps | ms per step | share of step time |\n|---|---:|---:|---:|")
+    print("\n| waiting for the device, by step kind | steps | ms per step | share of step time |\n|---|---:|---:|---:|")
     for kind, seconds in sorted(by_kind.items()):
         print(f"| {kind} | {timer.calls[kind]} | {seconds / timer.calls[kind] * 1e3:.1f} | {seconds / total:.1%} |")
     if args.output_json:
