@@ -10,12 +10,12 @@ from jaxllm.loaders.resolve import ModelSource
 
 
 def load_tokenizer(source: ModelSource):
-    from transformers import AutoTokenizer
-
     path = source.path
     try:
         if source.kind == "gguf":  # vocabulary, merges and chat template all come from the GGUF metadata
             return load_gguf_tokenizer(path)
+        from transformers import AutoTokenizer  # imports torch when it is installed: seconds, GGUF needs none
+
         directory = path / "tokenizer" if source.kind == "orbax" else path
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as e:
