@@ -1,6 +1,6 @@
 """Host work per engine step at a large batch with long contexts: scheduling, array packing, output processing.
 
-    python benchmarks/host_overhead.py [--batch 256] [--context 2000] [--steps 20] [--penalties]
+    python benchmarks/host_overhead.py [--batch 256] [--context 2000] [--steps 20] [--penalties] [--vocab-size N]
 
 A tiny random-weight model (the "tiny" preset, context raised) keeps the device's share of a step small, so the
 step's wall time is mostly host work. Per measured decode step (every sequence decoding, contexts ~--context):
@@ -50,8 +50,14 @@ class BlockedTimer:
         return getattr(jax, name)
 
 
+def max_tokens(args) -> int:
+    """Enough that no request finishes before the last prompt is prefilled and the measured steps are done."""
+    return args.batch * args.context // args.prefill_tokens + args.steps + 16
+
+
 def build_engine(args) -> LLMEngine:
-    config = dataclasses.replace(model_preset("tiny"), max_position_embeddings=args.context + args.steps + 64)
+    config = dataclasses.replace(model_preset("tiny"), max_position_embeddings=args.context + max_tokens(args) + 16,
+                                 vocab_size=args.vocab_size)
     loaded = LoadedModel(config, random_params(config, jax.random.key(0)), source=None)
     engine_args = dict(skip_tokenizer=True, max_num_seqs=args.batch, max_num_batched_tokens=args.prefill_tokens,
                        max_model_len=config.max_position_embeddings)
@@ -66,9 +72,9 @@ def measure(args) -> dict:
     runner_module.jax = timer
     rng = np.random.default_rng(0)
     extra = dict(repetition_penalty=1.1, frequency_penalty=0.1) if args.penalties else {}
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps + 16, ignore_eos=True, detokenize=False, **extra)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens(args), ignore_eos=True, detokenize=False, **extra)
     for i in range(args.batch):
-        engine.add_request(str(i), rng.integers(0, 1000, size=args.context).tolist(), params)
+        engine.add_request(str(i), rng.integers(0, min(1000, args.vocab_size), size=args.context).tolist(), params)
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()) \
             or engine.scheduler.waiting:
         engine.step()  # prefill every prompt (and compile what decoding needs)
@@ -93,6 +99,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prefill-tokens", type=int, default=4096, help="max_num_batched_tokens")
     parser.add_argument("--penalties", action="store_true", help="every request uses repetition/frequency penalties")
+    parser.add_argument("--vocab-size", type=int, default=1024, help="of the tiny model (the default model: 49152)")
     parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
