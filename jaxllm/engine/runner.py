@@ -71,9 +71,6 @@ class ModelRunner:
         for request_id in request_ids:
             self.inputs.requests.pop(request_id, None)
 
-    def execute(self, out: SchedulerOutput) -> tuple[dict[str, SampleResult], dict[str, PromptLogprobs]]:
-        return self.fetch(self.dispatch(out))
-
     def dispatch(self, out: SchedulerOutput) -> InflightStep:
         inputs = self.inputs.prepare(out)
         self.programs_used.add(inputs.forward_key)

@@ -43,10 +43,6 @@ class ScheduledChunk:
         return cls(request, num_new_tokens, start, blocks,
                    start + num_new_tokens >= request.num_tokens + request.num_pending)
 
-    @property
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
-
 
 @dataclasses.dataclass
 class SchedulerOutput:
