@@ -76,8 +76,7 @@ class StepInputs:
     sample_key: ProgramKey | None
     sampling: SamplingBatch | None  # adjustments None when no row has any (the runner supplies neutral ones)
     prompt_spans: list[PromptSpan]
-    prompt_targets: np.ndarray  # [P'] int32, the prompt token each prompt-logprob row scores; P' a multiple of
-    #                             PROMPT_ROWS
+    prompt_targets: np.ndarray  # [P'] int32: the token each prompt-logprob row scores (P' % PROMPT_ROWS == 0)
 
 
 class InputBatch:
