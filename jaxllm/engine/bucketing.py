@@ -43,11 +43,11 @@ def pow2_range(lo: int, hi: int) -> tuple[int, ...]:
 class ProgramKey:
     kind: str  # "forward" | "sample" | "prompt_logprobs"
     size: int = 0  # T for forward, S for sample
-    variant: bool = False  # forward: decode-only
+    decode_only: bool = False  # forward only: every sequence has one new token (the Pallas split-KV kernel)
 
     def __str__(self) -> str:
         if self.kind == "forward":
-            return f"forward T={self.size}" + (" decode-only" if self.variant else "")
+            return f"forward T={self.size}" + (" decode-only" if self.decode_only else "")
         if self.kind == "sample":
             return f"sample S={self.size}"
         return self.kind

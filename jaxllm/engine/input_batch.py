@@ -63,6 +63,7 @@ class PromptSpan:
     """Prompt-logprob rows of one chunk: prompt positions p (their logits score prompt token p + 1)."""
 
     request: Request
+    chunk_index: int  # its chunk's position in the step
     first_row: int  # index of its first row within the prompt-logprob rows
     positions: range
 
@@ -91,9 +92,13 @@ class InputBatch:
         self.eos_token_ids = eos_token_ids
         self.requests: dict[str, CachedRequest] = {}
 
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
-        for request_id in [*out.finished_request_ids, *(r.request_id for r in out.preempted)]:
+    def forget(self, request_ids) -> None:
+        """Drop the copies of requests that ended or were preempted."""
+        for request_id in request_ids:
             self.requests.pop(request_id, None)
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        self.forget([*out.finished_request_ids, *(r.request_id for r in out.preempted)])
         chunks = out.chunks
         cached = [self._cached(c) for c in chunks]
         q_lens = np.fromiter((c.num_new_tokens for c in chunks), np.int32, len(chunks))
@@ -155,20 +160,20 @@ class InputBatch:
                 prev_rows[first + q_lens[i] - 1] = c.sample_row
         logits_indices = np.zeros(self.buckets.num_logits_rows, np.int32)
         batch = StepBatch(token_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
-                          logits_indices, decode_only=key.variant)
+                          logits_indices, decode_only=key.decode_only)
         return batch, prev_rows, key
 
     def _prompt_spans(self, chunks) -> list[PromptSpan]:
         """Prompt positions needing logprobs, per chunk: reported once, by the first sample, before preemption."""
         spans, row = [], 0
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             request = chunk.request
             if request.sampling_params.prompt_logprobs is None or request.num_preemptions or request.sample_index:
                 continue
             end = min(chunk.num_computed_before + chunk.num_new_tokens, request.num_prompt_tokens - 1)
             positions = range(chunk.num_computed_before, end)
             if positions:
-                spans.append(PromptSpan(request, row, positions))
+                spans.append(PromptSpan(request, i, row, positions))
                 row += len(positions)
         return spans
 
@@ -176,9 +181,8 @@ class InputBatch:
         total = spans[-1].first_row + len(spans[-1].positions) if spans else 0
         targets = np.zeros(-(-total // PROMPT_ROWS) * PROMPT_ROWS, np.int32)
         base = self.buckets.num_sample_rows
-        index = {c.request.request_id: i for i, c in enumerate(chunks)}
         for span in spans:
-            i = index[span.request.request_id]
+            i = span.chunk_index
             rows = slice(span.first_row, span.first_row + len(span.positions))
             offsets = np.arange(span.positions.start, span.positions.stop) - chunks[i].num_computed_before
             batch.logits_indices[base + rows.start:base + rows.stop] = batch.query_start_loc[i] + offsets

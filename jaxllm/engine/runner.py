@@ -54,9 +54,12 @@ class ModelRunner:
         self.inputs = InputBatch(self.buckets, cache.block_size, scheduler.max_model_len, self.config.vocab_size,
                                  base_seed=seed, eos_token_ids=eos_token_ids)
         self.programs = StepPrograms(self.config, attention, self.buckets, self.inputs.max_blocks)
-        self.programs_used: set[ProgramKey] = set()  # by steps so far
         self._neutral: dict[int, LogitAdjustments] = {}  # per S bucket, on the device: "no adjustments"
         self._next_tokens = jax.device_put(np.zeros(self.buckets.num_sample_rows, np.int32))  # last step's samples
+
+    @property
+    def programs_used(self) -> set[ProgramKey]:
+        return self.programs.used
 
     @property
     def num_compiled_programs(self) -> int:
@@ -68,22 +71,18 @@ class ModelRunner:
 
     def forget(self, request_ids) -> None:
         """Drop what is kept for requests that ended (dispatch does this for the ids a schedule reports)."""
-        for request_id in request_ids:
-            self.inputs.requests.pop(request_id, None)
+        self.inputs.forget(request_ids)
 
     def dispatch(self, out: SchedulerOutput) -> InflightStep:
         inputs = self.inputs.prepare(out)
-        self.programs_used.add(inputs.forward_key)
         hidden, self.kv = self.programs(inputs.forward_key, self.params, self.kv, inputs.batch, self._next_tokens,
                                         inputs.prev_rows)
         sampled = None
         if inputs.sample_key is not None:
-            self.programs_used.add(inputs.sample_key)
             sampled, self._next_tokens = self.programs(inputs.sample_key, self.params, hidden,
                                                        self._with_adjustments(inputs.sampling))
         prompt_out = []
         for first in range(0, len(inputs.prompt_targets), PROMPT_ROWS):
-            self.programs_used.add(PROMPT_LOGPROBS_KEY)
             prompt_out.append(self.programs(PROMPT_LOGPROBS_KEY, self.params, hidden,
                                             np.int32(self.buckets.num_sample_rows + first),
                                             inputs.prompt_targets[first:first + PROMPT_ROWS]))

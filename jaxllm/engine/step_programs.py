@@ -65,8 +65,10 @@ class StepPrograms:
         }
         self.compiled: dict[ProgramKey, Any] = {}
         self.compile_seconds = 0.0
+        self.used: set[ProgramKey] = set()  # by steps so far
 
     def __call__(self, key: ProgramKey, *args):
+        self.used.add(key)
         program = self.compiled.get(key)
         if program is None:
             program = self._compile(key, args)
@@ -96,7 +98,7 @@ class StepPrograms:
         hidden = _abstract((self.buckets.num_logits_rows, self.config.hidden_size), params_dtype(params))
         if key.kind == "forward":
             num_tokens = key.size
-            return (params, kv, self.abstract_step_batch(num_tokens, key.variant),
+            return (params, kv, self.abstract_step_batch(num_tokens, key.decode_only),
                     _abstract((self.buckets.num_sample_rows,), jnp.int32), _abstract((num_tokens,), jnp.int32))
         if key.kind == "sample":
             return params, hidden, abstract_sampling_batch(key.size, self.config.vocab_size)

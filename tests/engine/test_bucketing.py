@@ -101,7 +101,7 @@ def _random_request(rng, request_id, vocab, max_model_len) -> Request:
 def _check_shapes(step_inputs, programs: StepPrograms, program_set) -> None:
     forward = step_inputs.forward_key
     assert forward in program_set
-    _same_shapes(step_inputs.batch, programs.abstract_step_batch(forward.size, forward.variant))
+    _same_shapes(step_inputs.batch, programs.abstract_step_batch(forward.size, forward.decode_only))
     assert step_inputs.prev_rows.shape == (forward.size,) and step_inputs.prev_rows.dtype == np.int32
     if step_inputs.sample_key is not None:
         assert step_inputs.sample_key in program_set

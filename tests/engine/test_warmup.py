@@ -95,7 +95,7 @@ def test_pallas_path_compiles_per_token_bucket_and_decode_flag_only(tiny_model_d
 
     run_workload()
     runner = engine.runner
-    forward = {(k.size, k.variant) for k in runner.programs.compiled if k.kind == "forward"}
+    forward = {(k.size, k.decode_only) for k in runner.programs.compiled if k.kind == "forward"}
     assert forward <= {(1, True), (2, True), (4, True), (2, False), (4, False), (8, False), (16, False)}
     assert any(decode_only for _, decode_only in forward) and any(not decode_only for _, decode_only in forward)
     built = len(runner.programs.compiled)
