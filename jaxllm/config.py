@@ -43,7 +43,7 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2: q/k/v projections carry a bias
     sliding_window: int | None = None  # recorded, not applied: contexts must stay within it
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()  # every end-of-sequence id; the first is the primary one
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -56,6 +56,8 @@ class ModelConfig:
                              f"num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if not all(isinstance(t, int) and t >= 0 for t in self.eos_token_ids):
+            raise ValueError(f"ModelConfig.eos_token_ids must be token ids >= 0, got {self.eos_token_ids!r}")
 
     @classmethod
     def from_hf_config(cls, hf: Mapping[str, Any], source: str = "config.json") -> "ModelConfig":
@@ -68,7 +70,6 @@ class ModelConfig:
         _reject_unsupported_features(hf, source)
         num_heads = _required(hf, "num_attention_heads", source)
         hidden = _required(hf, "hidden_size", source)
-        eos = hf.get("eos_token_id")
         try:
             return cls(
                 architecture=arch,
@@ -87,10 +88,18 @@ class ModelConfig:
                 qkv_bias=arch == "qwen2",
                 sliding_window=_sliding_window(hf, arch),
                 bos_token_id=hf.get("bos_token_id"),
-                eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+                eos_token_ids=merge_token_ids(hf.get("eos_token_id")),
             )
         except ValueError as e:
-            raise ModelLoadError(source, str(e)) from None
+            raise ModelLoadError(source, str(e)) from e
+
+
+def merge_token_ids(*values: int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:
+    """The ids named by each value (an id, a list of ids, or None), in order of first appearance, without repeats."""
+    ids: list[int] = []
+    for value in values:
+        ids += [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    return tuple(dict.fromkeys(ids))
 
 
 def _required(hf: Mapping[str, Any], key: str, source: str):

@@ -36,7 +36,8 @@ class LLM:
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Outputs in the order of `prompts`. A prompt is a string, a list of token ids, or a dict with
-        "prompt" or "prompt_token_ids"; sampling_params is one for all prompts or one per prompt."""
+        "prompt" or "prompt_token_ids"; sampling_params is one for all prompts or one per prompt. Each output
+        holds n completions (with best_of > n: the n of highest cumulative logprob, best first)."""
         prompts = self._as_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
         priority = list(priority) if priority is not None else [0] * len(prompts)

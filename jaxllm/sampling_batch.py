@@ -10,7 +10,7 @@ greedily with no adjustments, so they cost nothing special and never produce NaN
     rng_key_data         [S, 2]  uint32   threefry key words of the request's seed, or of the engine's base seed
     rng_stream           [S]     uint32   0 for seeded requests; the request's rng_stream otherwise
     rng_counter          [S]     uint32   tokens generated so far (so each step draws fresh noise)
-    wants_logprobs       []      bool     some row asked for logprobs (the sampler then also returns them)
+    wants_logprobs       []      bool     some row needs logprobs (asked for, or best_of ranks its samples by them)
     has_adjustments      []      bool     some row has logit adjustments (the sampler then applies them)
 
 Dense logit adjustments; V = vocab size. The host packs them only when some row has any (else None); the
@@ -73,8 +73,10 @@ class RowSampling:
     """One request's sampling inputs: fixed scalars, plus penalty rows updated as its tokens arrive."""
 
     def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int],
-                 vocab_size: int, *, base_seed: int = 0, rng_stream: int = 0, eos_token_ids: Sequence[int] = ()):
+                 vocab_size: int, *, base_seed: int = 0, rng_stream: int = 0, eos_token_ids: Sequence[int] = (),
+                 wants_logprobs: bool = False):
         self.params = params
+        self.wants_logprobs = wants_logprobs or params.logprobs is not None  # the sampled tokens' logprobs
         greedy = params.sampling_type == SamplingType.GREEDY
         self.is_greedy = greedy
         self.temperature = 1.0 if greedy else params.temperature
@@ -149,7 +151,7 @@ def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, vocab_size: 
         rng_key_data=key_data,
         rng_stream=column([r.rng_stream for r in rows], 0, np.uint32),
         rng_counter=column([r.num_output & _UINT32_MASK for r in rows], 0, np.uint32),
-        wants_logprobs=np.asarray(any(r.params.logprobs is not None for r in rows)),
+        wants_logprobs=np.asarray(any(r.wants_logprobs for r in rows)),
         has_adjustments=np.asarray(adjusted),
         adjustments=_pack_adjustments(rows, num_rows, vocab_size) if adjusted else None,
     )

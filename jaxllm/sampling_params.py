@@ -30,6 +30,8 @@ class SamplingParams:
     """Sampling parameters of one request (see vLLM's SamplingParams; the OpenAI API's fields).
 
     n: outputs to return for the prompt.
+    best_of: sequences to sample (None: n); must be >= n. When it exceeds n, the n with the highest cumulative
+        logprob (the sum of the sampled tokens' logprobs) are returned, best first, and only once all finished.
     presence_penalty / frequency_penalty: in [-2, 2]; subtracted from the logit of every token already in the
         output, once (presence) or once per occurrence (frequency). Positive values discourage repetition.
     repetition_penalty: > 0; logits of tokens in the prompt or the output are divided by it when positive and
@@ -41,7 +43,7 @@ class SamplingParams:
     seed: per-request seed; the same seed gives the same tokens whatever else is batched with the request.
     stop: strings that end the generation; not part of the output unless include_stop_str_in_output.
     stop_token_ids: tokens that end the generation.
-    ignore_eos: keep generating after the EOS token.
+    ignore_eos: keep generating after an EOS token (the model may declare several).
     max_tokens: most tokens to generate; None means up to the model's context.
     min_tokens: EOS and stop_token_ids cannot be sampled, nor stop strings match, before this many tokens.
     logprobs: None, or the number of top logprobs per output token (0: only the sampled token's).
@@ -53,6 +55,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -91,12 +94,24 @@ class SamplingParams:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
             if self.n != 1:
                 raise ValueError(f"n must be 1 when sampling greedily (temperature 0), got {self.n}")
+            if self.num_sequences != 1:
+                raise ValueError(f"best_of must be 1 when sampling greedily (temperature 0), got {self.best_of}")
 
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
             return SamplingType.GREEDY
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences sampled for the prompt: best_of, or n when best_of is None."""
+        return self.n if self.best_of is None else self.best_of
+
+    @property
+    def ranks_sequences(self) -> bool:
+        """More sequences are sampled than returned: the n best by cumulative logprob are kept."""
+        return self.num_sequences > self.n
 
     @property
     def needs_penalties(self) -> bool:
@@ -111,6 +126,10 @@ class SamplingParams:
 
     def _validate(self) -> None:
         _require_int("n", self.n, low=1)
+        if self.best_of is not None:
+            _require_int("best_of", self.best_of, low=1)
+            if self.best_of < self.n:
+                raise ValueError(f"best_of must be >= n ({self.n}), got {self.best_of}")
         _require_range("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
         _require_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
         _require_range("repetition_penalty", self.repetition_penalty, 0.0, math.inf, "> 0", low_open=True)

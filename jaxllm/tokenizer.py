@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Sequence
 
 from jaxllm.errors import ModelLoadError
@@ -9,8 +11,13 @@ from jaxllm.loaders.gguf_tokenizer import load_gguf_tokenizer
 from jaxllm.loaders.resolve import ModelSource
 
 
+# transformers skips its advisory messages (not its warnings or errors) while this environment variable is set
+NO_ADVISORY_WARNINGS = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+
+
 def load_tokenizer(source: ModelSource):
     path = source.path
+    _import_transformers_quietly()
     try:
         if source.kind == "gguf":  # vocabulary, merges and chat template all come from the GGUF metadata
             return load_gguf_tokenizer(path)
@@ -19,7 +26,23 @@ def load_tokenizer(source: ModelSource):
         directory = path / "tokenizer" if source.kind == "orbax" else path
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ModelLoadError(path, f"cannot load a tokenizer from it: {e}") from None
+        raise ModelLoadError(path, f"cannot load a tokenizer from it: {e}") from e
+
+
+def _import_transformers_quietly() -> None:
+    """Import transformers without its advice that PyTorch was not found: jaxllm takes only tokenizers from it, and
+    they need no PyTorch. Advisory messages are off during this import alone; warnings and errors still show."""
+    if "transformers" in sys.modules:
+        return
+    previous = os.environ.get(NO_ADVISORY_WARNINGS)
+    os.environ[NO_ADVISORY_WARNINGS] = "1"
+    try:
+        import transformers  # noqa: F401
+    finally:
+        if previous is None:
+            del os.environ[NO_ADVISORY_WARNINGS]
+        else:
+            os.environ[NO_ADVISORY_WARNINGS] = previous
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:

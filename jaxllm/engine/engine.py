@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
+from jaxllm.config import merge_token_ids
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.block_pool import BlockPool
 from jaxllm.engine.kv_cache_manager import KVCacheManager
@@ -45,10 +46,10 @@ class LLMEngine:
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
         self.scheduler_config, self.cache_config = args.resolve(self.loaded)
-        self.eos_token_id = self._eos_token_id()
+        self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
+        self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
-                                  attention=args.attention,
-                                  eos_token_ids=() if self.eos_token_id is None else (self.eos_token_id,))
+                                  attention=args.attention, eos_token_ids=self.eos_token_ids)
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size))
         self.processor = OutputProcessor(self.tokenizer)
@@ -71,9 +72,11 @@ class LLMEngine:
         text, token_ids = self._tokenize(prompt)
         params.validate_for_vocab(self.model_config.vocab_size)
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        children = [Request(request_id if params.n == 1 else f"{i}_{request_id}", token_ids, self._child_params(
-            params, i), arrival_time=arrival, priority=priority, eos_token_id=self.eos_token_id, sample_index=i,
-            rng_stream=next(self._rng_streams)) for i in range(params.n)]
+        num_sequences = params.num_sequences  # best_of when it exceeds n: the n best are returned
+        children = [Request(request_id if num_sequences == 1 else f"{i}_{request_id}", token_ids,
+                            self._child_params(params, i), arrival_time=arrival, priority=priority,
+                            eos_token_ids=self.eos_token_ids, sample_index=i, ranked=params.ranks_sequences,
+                            rng_stream=next(self._rng_streams)) for i in range(num_sequences)]
         for child in children[1:]:
             child.wait_for = children[0]  # siblings reuse the first one's prompt blocks via the prefix cache
         added = []
@@ -81,11 +84,12 @@ class LLMEngine:
             for child in children:
                 self.scheduler.add_request(child)
                 added.append(child)
-        except ValueError:
+            self.processor.add(request_id, text, children, output_kind, num_returned=params.n)
+        except BaseException:  # all of the request or none of it
             for child in added:
                 self.scheduler.abort(child.request_id)
+            self.processor.forget(request_id)
             raise
-        self.processor.add(request_id, text, children, output_kind)
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
@@ -159,6 +163,7 @@ class LLMEngine:
         elif isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer; pass prompt_token_ids instead")
+            _check_unicode(prompt)
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
@@ -172,16 +177,16 @@ class LLMEngine:
 
     @staticmethod
     def _child_params(params: SamplingParams, index: int) -> SamplingParams:
-        if params.n == 1:
+        """One sequence's params: a single sample, seeded seed + index when the request is seeded."""
+        if params.num_sequences == 1:
             return params
         seed = None if params.seed is None else params.seed + index
-        return dataclasses.replace(params, n=1, seed=seed)
+        return dataclasses.replace(params, n=1, best_of=None, seed=seed)
 
-    def _eos_token_id(self) -> int | None:
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            return self.tokenizer.eos_token_id
-        eos = self.model_config.eos_token_ids
-        return eos[0] if eos else None
+    def _eos_token_ids(self) -> tuple[int, ...]:
+        """The tokenizer's EOS id first (the primary one), then every EOS id the model's config lists."""
+        primary = self.tokenizer.eos_token_id if self.tokenizer is not None else None
+        return merge_token_ids(primary, self.model_config.eos_token_ids)
 
     def stats(self) -> dict[str, Any]:
         pool = self.scheduler.kv_cache.pool
@@ -194,4 +199,17 @@ class LLMEngine:
             "num_compiled_programs": self.runner.num_compiled_programs,
             "compile_seconds": self.runner.programs.compile_seconds,
             "num_steps": self.num_steps,
+            # Blocks with no request holding them (ref count 0), including those that still hold a cached prefix
+            # and are evicted when allocation reuses them; out of num_total_blocks, the pool less the null block.
+            "num_free_blocks": pool.num_free_blocks,
+            "num_total_blocks": pool.num_usable_blocks,
         }
+
+
+def _check_unicode(text: str) -> None:
+    """Raise ValueError if `text` cannot be encoded (a lone UTF-16 surrogate), which tokenizers fail on."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"prompt holds {text[e.start:e.end]!r} at position {e.start}, a lone UTF-16 surrogate: "
+                         f"not valid Unicode") from e

@@ -43,7 +43,7 @@ class CachedRequest:
         self.num_blocks = 0
         self.sampling = RowSampling(request.sampling_params, request.prompt_token_ids, request.output_token_ids,
                                     vocab_size, base_seed=base_seed, rng_stream=request.rng_stream,
-                                    eos_token_ids=eos_token_ids)
+                                    eos_token_ids=eos_token_ids, wants_logprobs=request.needs_sample_logprobs)
         self.sample_row = -1  # its row in the sampler output of the last step that sampled for it
 
     def sync_blocks(self, chunk: ScheduledChunk) -> None:

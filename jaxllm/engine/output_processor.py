@@ -2,6 +2,9 @@
 
 A user request with n samples runs as n engine requests ("child" ids `{i}_{request_id}`); this module keeps one
 RequestState per child and assembles the parent's RequestOutput from all of them.
+
+With best_of > n it runs best_of children and reports nothing until all have finished; then one output holds
+the n with the highest cumulative logprob, whole (whatever the output kind), best first, numbered 0 .. n-1.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ class SampleResult:
 class RequestState:
     request: Request
     detokenizer: IncrementalDetokenizer | None
-    logprobs: SampleLogprobs | None
-    cumulative_logprob: float | None
+    logprobs: SampleLogprobs | None  # only when the request asked for logprobs
+    cumulative_logprob: float | None  # when logprobs were asked for, or the sample is ranked (best_of > n)
     sent_tokens: int = 0  # tokens already reported (delta mode)
     unsent_text: str = ""  # text deltas not yet reported (delta mode): never text a stop string may retract
 
@@ -45,6 +48,11 @@ class ParentState:
     output_kind: str
     metrics: RequestMetrics
     prompt_logprobs: PromptLogprobs | None = None
+    num_returned: int = 1  # n: with best_of > n children, only the n best are returned
+
+    @property
+    def ranked(self) -> bool:
+        return len(self.children) > self.num_returned
 
 
 class OutputProcessor:
@@ -53,12 +61,15 @@ class OutputProcessor:
         self.parents: dict[str, ParentState] = {}
         self.child_parent: dict[str, ParentState] = {}
 
-    def add(self, parent_id: str, prompt: str | None, children: list[Request], output_kind: str) -> None:
+    def add(self, parent_id: str, prompt: str | None, children: list[Request], output_kind: str,
+            num_returned: int | None = None) -> None:
+        """Track a user request run as `children`; the best `num_returned` of them (None: all) are returned."""
         states = [self._state(child) for child in children]
         first = children[0]
         parent = ParentState(parent_id, prompt, first.prompt_token_ids, states, output_kind,
                              RequestMetrics(arrival_time=first.arrival_time),
-                             [None] if first.sampling_params.prompt_logprobs is not None else None)
+                             [None] if first.sampling_params.prompt_logprobs is not None else None,
+                             len(children) if num_returned is None else num_returned)
         self.parents[parent_id] = parent
         for child in children:
             self.child_parent[child.request_id] = parent
@@ -67,8 +78,8 @@ class OutputProcessor:
         params = request.sampling_params
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params) \
             if self.tokenizer is not None and params.detokenize else None
-        wants_logprobs = params.logprobs is not None
-        return RequestState(request, detok, [] if wants_logprobs else None, 0.0 if wants_logprobs else None)
+        return RequestState(request, detok, [] if params.logprobs is not None else None,
+                            0.0 if request.needs_sample_logprobs else None)
 
     def record_sample(self, request: Request, result: SampleResult) -> str | None:
         """Account for the token the scheduler just appended; returns the stop string it completed, if any."""
@@ -79,6 +90,7 @@ class OutputProcessor:
                      for i, (tid, lp) in enumerate(result.top[:params.logprobs])}
             entry.setdefault(result.token_id, Logprob(result.logprob, result.rank, self._decode_one(result.token_id)))
             state.logprobs.append(entry)
+        if state.cumulative_logprob is not None:
             state.cumulative_logprob += result.logprob
         if state.detokenizer is None:
             return None
@@ -102,7 +114,7 @@ class OutputProcessor:
         for parent in parents:
             self._update_metrics(parent, now)
             finished = all(c.request.status.finished for c in parent.children)
-            if parent.output_kind == "final" and not finished:
+            if (parent.output_kind == "final" or parent.ranked) and not finished:
                 continue
             results.append(self._assemble(parent, finished))
             if finished:
@@ -110,6 +122,13 @@ class OutputProcessor:
         return results
 
     def _assemble(self, parent: ParentState, finished: bool) -> RequestOutput:
+        completions = self._best_completions(parent) if parent.ranked else self._completions(parent)
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, parent.prompt_logprobs,
+                             completions, finished, parent.metrics,
+                             num_cached_tokens=parent.children[0].request.num_cached_tokens)
+
+    def _completions(self, parent: ParentState) -> list[CompletionOutput]:
+        """Every child's completion (delta: only those with something new to report)."""
         delta = parent.output_kind == "delta"
         completions = []
         for state in parent.children:
@@ -117,9 +136,13 @@ class OutputProcessor:
             if delta and state.sent_tokens == len(request.output_token_ids) and not request.status.finished:
                 continue
             completions.append(self._completion(state, delta))
-        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, parent.prompt_logprobs,
-                             completions, finished, parent.metrics,
-                             num_cached_tokens=parent.children[0].request.num_cached_tokens)
+        return completions
+
+    def _best_completions(self, parent: ParentState) -> list[CompletionOutput]:
+        """The n finished children with the highest cumulative logprob, whole, best first, renumbered 0 .. n-1."""
+        best = sorted(parent.children, key=lambda state: state.cumulative_logprob, reverse=True)
+        return [dataclasses.replace(self._completion(state, delta=False), index=i)
+                for i, state in enumerate(best[:parent.num_returned])]
 
     def _completion(self, state: RequestState, delta: bool) -> CompletionOutput:
         request = state.request

@@ -30,7 +30,7 @@ class Request:
     sampling_params: SamplingParams
     arrival_time: float = dataclasses.field(default_factory=time.monotonic)
     priority: int = 0  # lower runs first when the scheduler's policy is "priority"
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # every id that ends the generation (unless ignore_eos)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool (or will be, by steps already dispatched)
@@ -38,7 +38,8 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    sample_index: int = 0  # which of the parent's n samples this is
+    sample_index: int = 0  # which of the parent's samples (n, or best_of) this is
+    ranked: bool = False  # one of best_of > n samples: its cumulative logprob decides whether it is returned
     rng_stream: int = 0  # distinct per request: unseeded sampling noise is drawn from (engine seed, stream)
     wait_for: "Request | None" = None  # a sibling whose prompt must be computed first (n > 1 prefix sharing)
     first_token_time: float | None = None
@@ -55,6 +56,11 @@ class Request:
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
+
+    @property
+    def needs_sample_logprobs(self) -> bool:
+        """The sampled tokens' logprobs are needed: the user asked for them, or they rank this sample."""
+        return self.ranked or self.sampling_params.logprobs is not None
 
     @property
     def num_tokens(self) -> int:

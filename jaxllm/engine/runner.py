@@ -23,6 +23,7 @@ from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.engine.input_batch import InputBatch, StepInputs
 from jaxllm.engine.output_processor import SampleResult
+from jaxllm.engine.request import Request
 from jaxllm.engine.scheduler import SchedulerOutput
 from jaxllm.engine.step_programs import StepPrograms
 from jaxllm.model import init_kv_cache
@@ -108,14 +109,15 @@ class ModelRunner:
         for row, cached in enumerate(inputs.sampled):
             cached.append(int(tokens[row]))
             request = cached.request
-            results[request.request_id] = _sample_result(sampled, row, int(tokens[row]),
-                                                         request.sampling_params.logprobs)
+            results[request.request_id] = _sample_result(sampled, row, int(tokens[row]), request)
         return results, _prompt_logprobs(inputs, prompt_out)
 
 
-def _sample_result(sampled, row: int, token: int, num_logprobs: int | None) -> SampleResult:
-    if num_logprobs is None:
+def _sample_result(sampled, row: int, token: int, request: Request) -> SampleResult:
+    """The row's token, with its logprob and rank when the request needs them, and its top-N when it asked."""
+    if not request.needs_sample_logprobs:
         return SampleResult(token, 0.0, 0, [])
+    num_logprobs = request.sampling_params.logprobs or 0
     top = [(int(t), float(lp)) for t, lp in zip(sampled.top_logprob_token_ids[row][:num_logprobs],
                                                   sampled.top_logprobs[row][:num_logprobs])]
     return SampleResult(token, float(sampled.sampled_logprobs[row]), int(sampled.sampled_ranks[row]), top)

@@ -159,8 +159,8 @@ class Scheduler:
                 continue
             first = request.wait_for
             if first is not None and not first.status.finished and not (first.is_prefill_done and
-                                                                        not first.num_pending):
-                skipped.append(request)  # let a sibling compute (and cache) the shared prompt first
+                                                                        first.output_token_ids):
+                skipped.append(request)  # let a sibling compute (and cache, when its step is back) the prompt
                 continue
             cached = self.kv_cache.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             num_computed = len(cached) * self.kv_cache.block_size
@@ -238,7 +238,7 @@ class Scheduler:
         token = request.output_token_ids[-1]
         num_output = len(request.output_token_ids)
         if num_output >= params.min_tokens:
-            if token == request.eos_token_id and not params.ignore_eos:
+            if token in request.eos_token_ids and not params.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED, None
             if params.stop_token_ids and token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token

@@ -10,7 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from jaxllm.config import ModelConfig
+from jaxllm.config import ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.assemble import assemble_params, tensor_field
 from jaxllm.model.params import LlamaParams
@@ -26,6 +26,8 @@ _LAYER_NAMES = {
     "attn_v.bias": "bv", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+# The ids that end a generation: end of sequence (the primary one), end of turn, end of message (tool calls).
+EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 _last_opened: tuple[tuple, GGUFReader] | None = None  # parsing the metadata takes seconds: weights and tokenizer share
@@ -43,7 +45,7 @@ def open_gguf(path: Path) -> GGUFReader:
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad or short files
-        raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from None
+        raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from e
     _last_opened = (key, reader)
     return reader
 
@@ -55,7 +57,6 @@ def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
     num_heads = _field(reader, f"{arch}.attention.head_count", path)
     hidden = _field(reader, f"{arch}.embedding_length", path)
     has_output = any(t.name == "output.weight" for t in reader.tensors)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id", path, None)
     try:
         return ModelConfig(
             architecture=SUPPORTED_ARCHITECTURES[arch],
@@ -72,10 +73,10 @@ def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
             tie_word_embeddings=not has_output,
             qkv_bias=arch == "qwen2",
             bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", path, None),
-            eos_token_ids=() if eos is None else (eos,),
+            eos_token_ids=merge_token_ids(*(_field(reader, key, path, None) for key in EOS_KEYS)),
         )
     except ValueError as e:
-        raise ModelLoadError(path, f"inconsistent metadata: {e}") from None
+        raise ModelLoadError(path, f"inconsistent metadata: {e}") from e
 
 
 def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaParams]:
@@ -101,7 +102,7 @@ def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tu
         try:
             array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         except Exception as e:
-            raise ModelLoadError(path, f"cannot dequantize tensor {tensor.name!r}: {e}") from None
+            raise ModelLoadError(path, f"cannot dequantize tensor {tensor.name!r}: {e}") from e
         if permute_qk and field in ("wq", "bq"):
             array = unpermute_rope_rows(array, config.num_heads)
         elif permute_qk and field in ("wk", "bk"):

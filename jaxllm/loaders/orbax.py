@@ -48,7 +48,7 @@ def read_checkpoint_config(path: Path) -> tuple[ModelConfig, str]:
                                  f"{FORMAT_VERSION}")
         return _config_from_dict(meta["config"]), meta["dtype"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ModelLoadError(marker, f"not a valid jaxllm checkpoint description ({e!r})") from None
+        raise ModelLoadError(marker, f"not a valid jaxllm checkpoint description ({e!r})") from e
 
 
 def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None) -> tuple[ModelConfig, LlamaParams]:
@@ -63,7 +63,7 @@ def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None)
         with ocp.StandardCheckpointer() as checkpointer:
             params = checkpointer.restore(path / "params", target)
     except Exception as e:
-        raise ModelLoadError(path / "params", f"cannot restore params: {e}") from None
+        raise ModelLoadError(path / "params", f"cannot restore params: {e}") from e
     return config, params
 
 

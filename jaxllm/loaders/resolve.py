@@ -75,8 +75,8 @@ def _from_hf_cache(repo_id: str) -> Path:
     cache = hf_cache_dir()
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as e:
         folder = cache / f"models--{repo_id.replace('/', '--')}"
         raise ModelNotFoundError(repo_id, f"not a local path, and not in the local Hugging Face cache (looked for "
                                  f"{folder}); jaxllm never downloads weights: download them first or pass a "
-                                 f"local directory") from None
+                                 f"local directory") from e

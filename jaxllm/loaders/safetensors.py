@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -11,7 +12,7 @@ import jax
 import numpy as np
 from safetensors import safe_open
 
-from jaxllm.config import ModelConfig
+from jaxllm.config import ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.assemble import assemble_params, tensor_field
 from jaxllm.model.params import LlamaParams
@@ -35,8 +36,27 @@ def read_hf_config(model_dir: Path) -> ModelConfig:
     try:
         hf = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ModelLoadError(path, f"not valid JSON ({e})") from None
-    return ModelConfig.from_hf_config(hf, source=str(path))
+        raise ModelLoadError(path, f"not valid JSON ({e})") from e
+    config = ModelConfig.from_hf_config(hf, source=str(path))
+    extra_eos = _generation_eos_token_ids(model_dir)
+    if extra_eos is None:
+        return config
+    try:
+        return dataclasses.replace(config, eos_token_ids=merge_token_ids(config.eos_token_ids, extra_eos))
+    except ValueError as e:
+        raise ModelLoadError(model_dir / "generation_config.json", str(e)) from e
+
+
+def _generation_eos_token_ids(model_dir: Path) -> int | list[int] | None:
+    """generation_config.json's eos_token_id (an id or a list; Llama 3 Instruct lists <|eot_id|> there), if any."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        generation = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(path, f"not valid JSON ({e})") from e
+    return generation.get("eos_token_id") if isinstance(generation, dict) else None
 
 
 def load_hf_dir(model_dir: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaParams]:
@@ -52,7 +72,7 @@ def weight_files(model_dir: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e:
-            raise ModelLoadError(index, f"not a valid safetensors index ({e!r})") from None
+            raise ModelLoadError(index, f"not a valid safetensors index ({e!r})") from e
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
         files = sorted(model_dir.glob("*.safetensors"))
@@ -80,4 +100,4 @@ def _read_file(path: Path, config: ModelConfig) -> Iterator[tuple[str, int | Non
     except ModelLoadError:
         raise
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
-        raise ModelLoadError(path, f"cannot read safetensors file (truncated or corrupt?): {e}") from None
+        raise ModelLoadError(path, f"cannot read safetensors file (truncated or corrupt?): {e}") from e

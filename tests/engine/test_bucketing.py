@@ -95,7 +95,7 @@ def _random_request(rng, request_id, vocab, max_model_len) -> Request:
                         dict(min_tokens=1)])
     params = SamplingParams(temperature=rng.choice([0.0, 1.0]), max_tokens=rng.randint(1, max_model_len - len(prompt)),
                             **extra)
-    return Request(request_id, prompt, params, eos_token_id=3)
+    return Request(request_id, prompt, params, eos_token_ids=(3,))
 
 
 def _check_shapes(step_inputs, programs: StepPrograms, program_set) -> None:

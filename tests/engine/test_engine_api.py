@@ -69,3 +69,38 @@ def test_persistent_compilation_cache_is_written(tiny_model_dir, tmp_path):
         assert cache.is_dir() and any(cache.iterdir())
     finally:
         jax.config.update("jax_compilation_cache_dir", None)
+
+
+def test_lone_surrogate_in_a_text_prompt_is_a_value_error(tiny_model_with_tokenizer):
+    engine = LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), max_model_len=128, max_num_seqs=4))
+    with pytest.raises(ValueError, match="surrogate"):
+        engine.add_request("bad", "a \ud800 b", PARAMS)
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_failure_while_adding_leaves_nothing_behind(tiny_model_dir, monkeypatch):
+    engine = make_engine(tiny_model_dir("llama2")[0])
+
+    def broken_add(*args, **kwargs):
+        raise RuntimeError("a bug while registering the request")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.processor, "add", broken_add)
+        with pytest.raises(RuntimeError, match="a bug"):
+            engine.add_request("half-added", [1, 2, 3], SamplingParams(n=2, max_tokens=4))
+    assert not engine.has_unfinished_requests()  # no child left in the scheduler
+    engine.add_request("half-added", [1, 2, 3], PARAMS)  # the id is free again
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def test_samples_of_one_prompt_run_together_with_async_scheduling(tiny_model_dir):
+    """The siblings of an n > 1 request wait only for the first sample's prompt blocks, not for it to finish."""
+    engine = make_engine(tiny_model_dir("llama2")[0], async_scheduling=True)
+    engine.add_request("n3", [1, 2, 3, 4, 5], SamplingParams(n=3, temperature=1.0, max_tokens=20, ignore_eos=True,
+                                                             detokenize=False))
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    assert steps <= 20 + 3, steps  # 20 tokens each; the siblings start once the first one's prefill is back

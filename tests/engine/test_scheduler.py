@@ -24,7 +24,7 @@ def make_scheduler(num_blocks=64, **config):
 
 def req(rid, prompt_len, max_tokens=4, start=0, **params):
     return Request(rid, list(range(start, start + prompt_len)), SamplingParams(max_tokens=max_tokens, **params),
-                   eos_token_id=0)
+                   eos_token_ids=(0,))
 
 
 def run_step(scheduler, token=7):
@@ -159,7 +159,7 @@ def test_randomized_stress_keeps_pool_consistent(seed):
         if rng.random() < 0.3:
             prompt = rng.choice(prefixes)[:rng.randint(1, 12)] + [rng.randint(1, 99) for _ in range(rng.randint(0, 8))]
             s.add_request(Request(f"r{counter}", prompt or [1], SamplingParams(
-                max_tokens=rng.randint(1, 20), ignore_eos=rng.random() < 0.5), eos_token_id=3))
+                max_tokens=rng.randint(1, 20), ignore_eos=rng.random() < 0.5), eos_token_ids=(3,)))
             counter += 1
         if s.requests and rng.random() < 0.03:
             s.abort(rng.choice(list(s.requests)))

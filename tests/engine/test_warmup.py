@@ -50,7 +50,7 @@ def _random_prompt(rng: np.random.RandomState, shared: list[int]) -> list[int] |
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 def test_randomized_workload_after_warmup_compiles_nothing(tiny_model_with_tokenizer, async_scheduling):
     engine = LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), max_model_len=MAX_MODEL_LEN, block_size=8,
-                                  max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks=40, warmup=True,
+                                  max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks=32, warmup=True,
                                   async_scheduling=async_scheduling))
     assert set(engine.runner.programs.compiled) == set(engine.runner.buckets.all_programs())
     rng = np.random.RandomState(int(async_scheduling))

@@ -9,7 +9,7 @@ import pytest
 from jaxllm.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingType
 
 VLLM_DEFAULTS = dict(
-    n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0, top_p=1.0,
+    n=1, best_of=None, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0, top_p=1.0,
     top_k=0, min_p=0.0, seed=None, stop=[], stop_token_ids=[], ignore_eos=False, max_tokens=16, min_tokens=0,
     logprobs=None, prompt_logprobs=None, skip_special_tokens=True, spaces_between_special_tokens=True,
     include_stop_str_in_output=False, logit_bias=None, detokenize=True)
@@ -22,6 +22,9 @@ def test_defaults_equal_vllm():
 @pytest.mark.parametrize("field, value, message", [
     ("n", 0, "n must be an int >= 1, got 0"),
     ("n", 1.5, "n must be an int >= 1, got 1.5"),
+    ("best_of", 0, "best_of must be an int >= 1, got 0"),
+    ("best_of", 2.5, "best_of must be an int >= 1, got 2.5"),
+    ("best_of", "3", "best_of must be an int >= 1, got '3'"),
     ("presence_penalty", 2.5, r"presence_penalty must be in \[-2, 2\], got 2.5"),
     ("frequency_penalty", -2.1, r"frequency_penalty must be in \[-2, 2\], got -2.1"),
     ("repetition_penalty", 0.0, "repetition_penalty must be > 0, got 0.0"),
@@ -60,6 +63,17 @@ def test_cross_field_checks():
     with pytest.raises(ValueError, match=r"n must be 1 when sampling greedily \(temperature 0\), got 2"):
         SamplingParams(n=2, temperature=0.0)
     assert SamplingParams(max_tokens=None, min_tokens=1000).max_tokens is None
+
+
+def test_best_of_must_cover_n_and_sample_randomly():
+    with pytest.raises(ValueError, match=r"best_of must be >= n \(3\), got 2"):
+        SamplingParams(n=3, best_of=2)
+    with pytest.raises(ValueError, match=r"best_of must be 1 when sampling greedily \(temperature 0\), got 3"):
+        SamplingParams(best_of=3, temperature=0.0)
+    assert SamplingParams(best_of=1, temperature=0.0).num_sequences == 1
+    ranked = SamplingParams(n=3, best_of=5)
+    assert (ranked.num_sequences, ranked.ranks_sequences) == (5, True)
+    assert (SamplingParams(n=3).num_sequences, SamplingParams(n=3, best_of=3).ranks_sequences) == (3, False)
 
 
 def test_normalisation():
