@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -47,3 +51,19 @@ def test_cli_reports_bad_model_without_traceback(capsys, tmp_path):
     assert main(["generate", "hi", "--model", str(tmp_path / "missing.gguf")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("jaxllm: error: ") and "missing.gguf: no such file or directory" in err
+
+
+# Runs the CLI with the arguments after -c as if PyTorch were not installed: importing torch fails and
+# importlib.util.find_spec("torch"), which transformers asks, answers None.
+CLI_WITHOUT_TORCH = ("import sys; sys.modules['torch'] = None; from jaxllm.entrypoints.cli import main; "
+                     "sys.exit(main(sys.argv[1:]))")
+
+
+def test_cli_without_torch_prints_no_pytorch_advice(tiny_model_with_tokenizer):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_")}
+    result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "generate", "Hello", "--model",
+                             str(tiny_model_with_tokenizer), "--max-tokens", "2", "--max-model-len", "64"],
+                            capture_output=True, text=True, env=environment, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "PyTorch was not found" not in result.stderr
+    assert "[2 tokens from 1 prompts" in result.stderr  # the CLI's own report still shows

