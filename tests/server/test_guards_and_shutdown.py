@@ -73,6 +73,15 @@ def test_queue_full_is_429_with_retry_after(guarded):
     assert complete(guarded).status_code == 200
 
 
+def test_a_request_that_could_never_fit_is_400(guarded):
+    """Capacity is 2 batch slots + a queue of 1 = 3 sequences; a request takes n per prompt."""
+    never_fits = complete(guarded, n=4, temperature=1)
+    assert never_fits.status_code == 400 and never_fits.json()["error"]["param"] == "n", never_fits.text
+    prompts = complete(guarded, prompt=["a", "b"], n=2, temperature=1)  # 2 prompts x 2 samples
+    assert prompts.status_code == 400, prompts.text
+    assert complete(guarded, n=3, temperature=1).status_code == 200
+
+
 def test_sigterm_finishes_in_flight_request_and_exits_0(guarded):
     first_chunk, result = threading.Event(), {}
 

@@ -63,6 +63,18 @@ def test_completion_n_seed_and_stop(api):
     assert kept.text == cut.text + stop
 
 
+def test_best_of_returns_the_n_best_choices(api):
+    kwargs = dict(model=MODEL, prompt="Pick", max_tokens=4, temperature=1.0, seed=3, logprobs=0)
+    every = api.completions.create(**kwargs, n=6).choices  # the same 6 samples (seeds 3 .. 8)
+    best = api.completions.create(**kwargs, n=2, best_of=6).choices
+    totals = sorted((sum(c.logprobs.token_logprobs) for c in every), reverse=True)
+    assert [c.index for c in best] == [0, 1]
+    assert [sum(c.logprobs.token_logprobs) for c in best] == pytest.approx(totals[:2], abs=1e-4)
+    chat = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Pick"}], n=2,
+                                       max_completion_tokens=4, temperature=1.0, seed=3, extra_body={"best_of": 3})
+    assert [c.index for c in chat.choices] == [0, 1]
+
+
 def test_completion_logprobs(api):
     out = api.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=3).choices[0]
     lp = out.logprobs
@@ -72,6 +84,15 @@ def test_completion_logprobs(api):
         assert len(top) == 3 and logprob <= 0
         assert max(top.values()) == pytest.approx(logprob, abs=1e-5)  # greedy: the sampled token is the top one
     assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(4)]
+
+
+def test_streamed_logprob_offsets_are_cumulative_like_non_streamed(api):
+    kwargs = dict(model=MODEL, prompt="Offsets", max_tokens=8, temperature=0, logprobs=1, echo=True)
+    full = api.completions.create(**kwargs).choices[0].logprobs
+    chunks = [c.choices[0] for c in api.completions.create(**kwargs, stream=True) if c.choices]
+    streamed = [offset for chunk in chunks if chunk.logprobs for offset in chunk.logprobs.text_offset]
+    assert streamed == full.text_offset
+    assert streamed[0] == len("Offsets") and streamed == sorted(streamed)  # after the echoed prompt, growing
 
 
 def test_completion_stream_matches_non_stream(api):

@@ -8,6 +8,7 @@ and stops the engine thread.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 import sys
@@ -19,66 +20,57 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import jaxllm
-from jaxllm.entrypoints.openai.async_engine import AsyncEngine
-from jaxllm.entrypoints.openai.errors import OpenAIError, error_response
+from jaxllm.entrypoints.openai.async_engine import DEFAULT_STALL_TIMEOUT_S, AsyncEngine
+from jaxllm.entrypoints.openai.errors import OpenAIError, UnexpectedErrorsAsOpenAIErrors, error_response
 from jaxllm.entrypoints.openai.guards import RequestGuard
 from jaxllm.entrypoints.openai.metrics import ServerMetrics
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
     ModelCard, ModelList, TokenizeRequest
+from jaxllm.entrypoints.openai.serving_base import DEFAULT_MAX_N
 from jaxllm.entrypoints.openai.serving_chat import ChatServing
 from jaxllm.entrypoints.openai.serving_completion import CompletionServing
+from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+CLIENT_CLOSED_REQUEST = 499
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The server's own flags, then one flag per EngineArgs field (add_engine_args); warm-up is on by default."""
+    from jaxllm.engine.arg_utils import add_engine_args
+
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                         help="GGUF file, HF directory or id in the local HF cache, or jaxllm checkpoint "
                              "(default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--model", default=None, help="same as MODEL")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", nargs="+", default=None,
                         help="model names the API accepts (default: the model argument)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     parser.add_argument("--max-queue-len", type=int, default=None,
-                        help="requests that may wait for a batch slot; more are refused with 429")
+                        help="sequences that may wait for a batch slot (a request counts its n or best_of); "
+                             "more are refused with 429")
+    parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N,
+                        help="the largest n or best_of one request may ask for; larger ones are refused with 400")
+    parser.add_argument("--engine-stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
+                        help="seconds one engine step may run before /health answers 503 (a wedged engine)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="larger request bodies are refused with 413")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds requests in flight get to finish after SIGTERM")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-gpu-blocks", type=int, default=None)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                        help="build every step program before serving, so that no request waits for a compile "
-                             "(default: on; --no-warmup starts faster and compiles on first use)")
-    parser.add_argument("--compilation-cache-dir", default=None,
-                        help="persistent XLA compilation cache: programs built once load in a fraction of the "
-                             "time at the next start")
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
-                        help="dispatch each engine step before the previous one's tokens are back (default: on)")
     parser.add_argument("--log-level", default="info")
+    add_engine_args(parser)  # every EngineArgs field; --model is the same as MODEL
+    parser.set_defaults(warmup=True)  # serve's own default: build every program before accepting requests
     return parser
 
 
 def engine_args(args: argparse.Namespace):
+    """EngineArgs from the parsed flags; the model is --model or MODEL."""
     from jaxllm.engine.args import EngineArgs
 
-    return EngineArgs(model=args.model or args.model_tag, dtype=args.dtype, max_model_len=args.max_model_len,
-                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                      block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
-                      kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                      enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, warmup=args.warmup,
-                      compilation_cache_dir=args.compilation_cache_dir, async_scheduling=args.async_scheduling)
+    return EngineArgs.from_cli_args(args, model=args.model or args.model_tag)
 
 
 def served_names(args: argparse.Namespace) -> list[str]:
@@ -86,21 +78,25 @@ def served_names(args: argparse.Namespace) -> list[str]:
 
 
 def build_app(engine, served_model_names: list[str], *, api_key: str | None = None,
-              max_queue_len: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              max_queue_len: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              max_n: int = DEFAULT_MAX_N, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> FastAPI:
     metrics = ServerMetrics(served_model_names[0])
-    async_engine = AsyncEngine(engine, metrics, max_queue_len)
+    async_engine = AsyncEngine(engine, metrics, max_queue_len, stall_timeout_s)
+    tokenizers = ServerTokenizer(engine.tokenizer)  # copied before the engine thread starts using its own
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async_engine.start()
         yield
         async_engine.shutdown()  # uvicorn already waited for the requests in flight
+        tokenizers.shutdown()
 
     app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan)
     app.state.async_engine, app.state.metrics = async_engine, metrics
-    app.state.completions = CompletionServing(async_engine, served_model_names)
-    app.state.chat = ChatServing(async_engine, served_model_names)
+    app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, max_n)
+    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, max_n)
     _add_error_handlers(app)
+    app.add_middleware(UnexpectedErrorsAsOpenAIErrors)
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
     _add_routes(app)
     return app
@@ -130,8 +126,14 @@ def _add_error_handlers(app: FastAPI) -> None:
         loc = [str(part) for part in first.get("loc", ()) if part != "body"]
         if first.get("type") == "json_invalid":
             return error_response(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}")
-        return error_response(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}",
-                              ".".join(loc) or None)
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if not loc:  # a check of the whole body: its message starts with the field it names
+            return error_response(400, message, message.split(":", 1)[0].split("[", 1)[0].split(".", 1)[0])
+        return error_response(400, f"{'.'.join(loc)}: {message}", ".".join(loc))
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(_: Request, e: "ClientDisconnected"):
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: nginx's code, for the access log
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException):
@@ -143,7 +145,8 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200 if state.async_engine.is_alive else 503)
+        problem = state.async_engine.health_problem()
+        return Response(status_code=200) if problem is None else error_response(503, problem, code="engine_unhealthy")
 
     @app.get("/version")
     async def version():
@@ -160,20 +163,46 @@ def _add_routes(app: FastAPI) -> None:
                                for name in serving.model_names])
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest):
-        return _respond(await state.completions.create(request))
+    async def completions(request: CompletionRequest, raw_request: Request):
+        return _respond(await _unless_disconnected(raw_request, state.completions.create(request)))
 
     @app.post("/v1/chat/completions")
-    async def chat(request: ChatCompletionRequest):
-        return _respond(await state.chat.create(request))
+    async def chat(request: ChatCompletionRequest, raw_request: Request):
+        return _respond(await _unless_disconnected(raw_request, state.chat.create(request)))
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest):
-        return _tokenize(state.chat, request)
+        return await _tokenize(state.chat, request)
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest):
-        return _detokenize(state.chat, request)
+        return await _detokenize(state.chat, request)
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def _unless_disconnected(raw_request: Request, work):
+    """Await `work` (a response being computed) unless the client goes away first: then cancel it, which aborts
+    its engine requests and frees their blocks, as a closed stream does."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(raw_request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientDisconnected
+    return task.result()
+
+
+async def _disconnected(raw_request: Request) -> None:
+    """Returns once the client has disconnected (the body was already read, so only that message is left)."""
+    while (await raw_request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _respond(result):
@@ -183,28 +212,29 @@ def _respond(result):
     return JSONResponse(result.model_dump())
 
 
-def _tokenize(serving: ChatServing, request: TokenizeRequest) -> dict:
+async def _tokenize(serving: ChatServing, request: TokenizeRequest) -> dict:
     serving.check_model(request.model)
-    if serving.tokenizer is None:
+    if not serving.tokenizers.available:
         raise OpenAIError(400, "this server runs without a tokenizer")
     if (request.prompt is None) == (request.messages is None):
         raise OpenAIError(400, "send exactly one of 'prompt' and 'messages'", "prompt")
     if request.messages is not None:
-        tokens = serving.render(request.messages)
+        tokens = await serving.render(request.messages)
     else:
-        tokens = serving.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        tokens = await serving.tokenizers.run(
+            lambda tokenizer: tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
     return {"tokens": tokens, "count": len(tokens), "max_model_len": serving.max_model_len}
 
 
-def _detokenize(serving: ChatServing, request: DetokenizeRequest) -> dict:
+async def _detokenize(serving: ChatServing, request: DetokenizeRequest) -> dict:
     serving.check_model(request.model)
     vocab = serving.engine.engine.model_config.vocab_size
     bad = [t for t in request.tokens if not 0 <= t < vocab]
     if bad:
         raise OpenAIError(400, f"tokens {bad[:8]} are not token ids in [0, {vocab})", "tokens")
-    if serving.tokenizer is None:
+    if not serving.tokenizers.available:
         raise OpenAIError(400, "this server runs without a tokenizer")
-    return {"prompt": serving.tokenizer.decode(request.tokens)}
+    return {"prompt": await serving.tokenizers.run(lambda tokenizer: tokenizer.decode(request.tokens))}
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -218,7 +248,7 @@ def run_server(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     engine = LLMEngine(engine_args(args))
     app = build_app(engine, served_names(args), api_key=args.api_key, max_queue_len=args.max_queue_len,
-                    max_body_bytes=args.max_body_bytes)
+                    max_body_bytes=args.max_body_bytes, max_n=args.max_n, stall_timeout_s=args.engine_stall_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     uvicorn.Server(config).run()

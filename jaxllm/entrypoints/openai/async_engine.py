@@ -1,12 +1,17 @@
 """AsyncEngine: the LLMEngine driven by one background thread, fed by many asyncio request handlers.
 
     handlers (event loop)                         engine thread
-    add_request() -("add", ...)-> inbox --------> engine.add_request (a ValueError goes back to the handler)
+    add_request() -("add", ...)-> inbox --------> engine.add_request (an error goes back to that handler only)
     stream closed -("abort", id)-> inbox -------> engine.abort_request (blocks freed before the next step)
     per-request asyncio.Queue <- call_soon_threadsafe <- step() outputs (delta kind)
 
 The engine itself is single-threaded: only the engine thread touches it. Inbox commands are applied between
 steps, so every step batches all the requests that are running at that moment (continuous batching).
+
+Failures: a request the engine refuses (ValueError) or fails to add (any other exception, logged with its
+traceback) ends that request only. An exception inside step() leaves the engine's state unknown: the loop stops,
+every request in flight gets an EngineDeadError, and /health answers 503 (`health_problem`), as it does while one
+step has run longer than `stall_timeout_s` (a wedged engine).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import threading
 import time
 from typing import Any, AsyncIterator
 
+from jaxllm.entrypoints.openai.fault_injection import FaultInjector
 from jaxllm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
@@ -26,6 +32,7 @@ from jaxllm.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05
+DEFAULT_STALL_TIMEOUT_S = 120.0  # one step running longer than this makes /health answer 503
 
 
 class EngineDeadError(RuntimeError):
@@ -36,6 +43,10 @@ class QueueFullError(RuntimeError):
     pass
 
 
+class RequestFailedError(RuntimeError):
+    """The engine thread failed to add one request for a reason that is not the request's fault."""
+
+
 _ACCEPTED = object()  # the engine thread took the request
 
 
@@ -43,8 +54,8 @@ class RequestStream:
     """The delta outputs of one accepted request. Closing it before the last output (client gone) aborts the
     request, which frees its KV blocks before the next step."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, outputs: asyncio.Queue):
-        self.engine, self.request_id, self._outputs = engine, request_id, outputs
+    def __init__(self, engine: "AsyncEngine", request_id: str, num_seqs: int, outputs: asyncio.Queue):
+        self.engine, self.request_id, self.num_seqs, self._outputs = engine, request_id, num_seqs, outputs
         self.finished = False
         self._closed = False
 
@@ -63,7 +74,7 @@ class RequestStream:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.engine.release(self.request_id, self.finished)
+            self.engine.release(self.request_id, self.num_seqs, self.finished)
 
 
 @dataclasses.dataclass
@@ -77,16 +88,20 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine, metrics: ServerMetrics, max_queue_len: int | None = None):
+    def __init__(self, engine, metrics: ServerMetrics, max_queue_len: int | None = None,
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S):
         self.engine = engine
         self.metrics = metrics
         self.max_queue_len = max_queue_len
         self.max_num_seqs = engine.scheduler_config.max_num_seqs
+        self.stall_timeout_s = stall_timeout_s
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # engine thread only
-        self._num_in_flight = 0  # event loop only: accepted and not yet finished or aborted
+        self._num_in_flight = 0  # event loop only: sequences accepted and not yet finished or aborted
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._heartbeat = time.monotonic()  # the engine thread's last pass through its loop
+        self._faults = FaultInjector.from_env()
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ event-loop side
@@ -98,27 +113,46 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
+    def health_problem(self) -> str | None:
+        """Why the engine cannot serve (dead, or stuck in one step), or None when it is healthy."""
+        if self.error is not None:
+            return f"the engine loop died: {self.error!r}"
+        if not self._thread.is_alive():
+            return "the engine loop is not running"
+        silent_s = time.monotonic() - self._heartbeat
+        if silent_s > self.stall_timeout_s:
+            return f"the engine has been inside one step for {silent_s:.0f}s (stall timeout {self.stall_timeout_s}s)"
+        return None
+
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the thread after its current step, aborting what is left (call once the HTTP server drained)."""
         self._stopping.set()
         self._thread.join(timeout)
 
-    def check_capacity(self) -> None:
-        """Raise QueueFullError when more than max_queue_len requests would wait for a batch slot."""
-        if self.max_queue_len is not None and self._num_in_flight >= self.max_num_seqs + self.max_queue_len:
-            raise QueueFullError(f"the server is at capacity: {self._num_in_flight} requests in flight "
+    def check_capacity(self, num_seqs: int) -> None:
+        """Sequences count (a request samples best_of of them). Raise ValueError when `num_seqs` could never fit
+        in the batch slots plus the queue, QueueFullError when they do not fit now."""
+        if self.max_queue_len is None:
+            return
+        capacity = self.max_num_seqs + self.max_queue_len
+        if num_seqs > capacity:
+            raise ValueError(f"n: this request needs {num_seqs} sequences; the server holds at most {capacity} "
+                             f"({self.max_num_seqs} batch slots + a queue of {self.max_queue_len})")
+        if self._num_in_flight + num_seqs > capacity:
+            raise QueueFullError(f"the server is at capacity: {self._num_in_flight} sequences in flight "
                                  f"({self.max_num_seqs} batch slots + a queue of {self.max_queue_len})")
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams) -> "RequestStream":
         """Submit a request and wait until the engine thread accepted it (between two steps). Raises ValueError
-        for an invalid request, QueueFullError, or EngineDeadError."""
+        for an invalid request, QueueFullError, EngineDeadError, or RequestFailedError."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
-        self.check_capacity()
+        num_seqs = params.num_sequences
+        self.check_capacity(num_seqs)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), RequestTracker(time.monotonic()))
-        handle = RequestStream(self, request_id, stream.queue)
+        handle = RequestStream(self, request_id, num_seqs, stream.queue)
         self._inbox.put(("add", request_id, prompt, params, stream))
-        self._num_in_flight += 1
+        self._num_in_flight += num_seqs
         try:
             first = await stream.queue.get()
         except BaseException:
@@ -130,9 +164,9 @@ class AsyncEngine:
             raise first
         return handle
 
-    def release(self, request_id: str, finished: bool) -> None:
+    def release(self, request_id: str, num_seqs: int, finished: bool) -> None:
         """A RequestStream is done with: abort its request in the engine unless it finished."""
-        self._num_in_flight -= 1
+        self._num_in_flight -= num_seqs
         if not finished:
             self._inbox.put(("abort", request_id))
 
@@ -145,6 +179,7 @@ class AsyncEngine:
                 if self.engine.has_unfinished_requests():
                     self._step()
                 self.metrics.record_engine(self.engine.stats())
+                self._heartbeat = time.monotonic()
             self._abort_remaining()
         except BaseException as e:  # noqa: BLE001 - any failure kills the loop; /health reports it
             logger.exception("the engine loop died")
@@ -191,15 +226,24 @@ class AsyncEngine:
             return
         _, request_id, prompt, params, stream = command
         try:
+            if self._faults is not None:
+                self._faults.before_add(prompt)
             self.engine.add_request(request_id, prompt, params, arrival_time=stream.tracker.arrival_time,
                                     output_kind="delta")
         except ValueError as e:
             stream.put(e)
             return
+        except Exception as e:  # noqa: BLE001 - not the request's fault, but only this request fails
+            logger.exception("adding request %s failed", request_id)
+            self.engine.abort_request(request_id)  # whatever part of it the engine took
+            stream.put(RequestFailedError(f"the engine failed to add the request: {e!r}"))
+            return
         self._streams[request_id] = stream
         stream.put(_ACCEPTED)
 
     def _step(self) -> None:
+        if self._faults is not None:
+            self._faults.before_step()
         outputs = self.engine.step()
         sampled = sum(len(output.outputs) for output in outputs)
         if sampled:

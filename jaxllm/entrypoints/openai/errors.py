@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
 
 from jaxllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
@@ -31,3 +34,32 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param)
+
+
+class UnexpectedErrorsAsOpenAIErrors:
+    """ASGI middleware: an exception no handler took becomes a 500 in the OpenAI error shape, logged with its
+    traceback. It is answered here rather than re-raised (as Starlette's last-resort handler does), so the server
+    does not close the client's keep-alive connection. A response already started (a stream) cannot change
+    status: its failure is re-raised."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as e:  # noqa: BLE001 - the point of this middleware
+            if started:
+                raise
+            logger.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            response = error_response(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+            await response(scope, receive, send)

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jaxllm.sampling_params import SamplingParams
 
@@ -32,11 +32,51 @@ class ErrorResponse(OpenAIBaseModel):
 
 
 # ---------------------------------------------------------------------------------------------- requests
+class RequestModel(OpenAIBaseModel):
+    """A request body: besides its fields' types, no text in it may hold a lone UTF-16 surrogate (valid JSON,
+    "\\ud800", but not Unicode: no tokenizer can encode it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_lone_surrogates(cls, data: Any) -> Any:
+        path = lone_surrogate_path(data)
+        if path is not None:
+            raise ValueError(f"{path}: the text holds a lone UTF-16 surrogate, which is not valid Unicode")
+        return data
+
+
+def lone_surrogate_path(data: Any) -> str | None:
+    """Where in a parsed JSON value ("messages[0].content") a string holds a lone surrogate, or None."""
+    stack = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _is_valid_unicode(value):
+                return path or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                key_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not _is_valid_unicode(key):
+                    return key_path
+                stack.append((key_path, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def _is_valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(OpenAIBaseModel):
+class SamplingRequest(RequestModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -44,6 +84,7 @@ class SamplingRequest(OpenAIBaseModel):
     temperature: float | None = None
     top_p: float | None = None
     n: int = 1
+    best_of: int | None = None  # sample this many, return the n with the highest cumulative logprob
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
@@ -69,13 +110,20 @@ class SamplingRequest(OpenAIBaseModel):
         optional = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                         repetition_penalty=self.repetition_penalty)
         return SamplingParams(
-            n=self.n, max_tokens=max_tokens, stop=self.stop, seed=self.seed, logit_bias=bias, logprobs=logprobs,
+            n=self.n, best_of=self.best_of, max_tokens=max_tokens, stop=self.stop, seed=self.seed, logit_bias=bias,
+            logprobs=logprobs,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             **{k: v for k, v in optional.items() if v is not None})
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> "SamplingRequest":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
 
     @property
     def include_usage(self) -> bool:
@@ -140,14 +188,14 @@ class ChatCompletionRequest(SamplingRequest):
         return self.top_logprobs or 0
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]
 

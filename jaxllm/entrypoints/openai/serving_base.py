@@ -1,29 +1,43 @@
-"""What completions and chat share: the model check, request submission, SSE framing, logprob formats."""
+"""What completions and chat share: the model check, request limits, prompt encoding, request submission, SSE
+framing, logprob formats."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
+import logging
 from typing import AsyncIterator, Sequence
 
 from pydantic import BaseModel
 
-from jaxllm.entrypoints.openai.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from jaxllm.entrypoints.openai.async_engine import AsyncEngine, EngineDeadError, QueueFullError, \
+    RequestFailedError, RequestStream
 from jaxllm.entrypoints.openai.errors import OpenAIError, bad_request
 from jaxllm.entrypoints.openai.protocol import SamplingRequest
+from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
 from jaxllm.outputs import Logprob, RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
+
 RETRY_AFTER_S = 1
+DEFAULT_MAX_N = 64  # the most sequences (n, best_of) one request may ask for: a server limit (--max-n)
 
 
 class ServingBase:
-    def __init__(self, engine: AsyncEngine, served_model_names: Sequence[str]):
+    def __init__(self, engine: AsyncEngine, served_model_names: Sequence[str], tokenizers: ServerTokenizer,
+                 max_n: int = DEFAULT_MAX_N):
         self.engine = engine
-        self.tokenizer = engine.engine.tokenizer
+        self.tokenizers = tokenizers
         self.model_names = list(served_model_names)
         self.max_model_len = engine.engine.scheduler_config.max_model_len
+        self.max_n = max_n
+
+    @property
+    def tokenizer(self):
+        """The event loop's own tokenizer (see tokenization.py): only for work done on the event loop."""
+        return self.tokenizers.get()
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
@@ -34,15 +48,31 @@ class ServingBase:
     def model_name(self) -> str:
         return self.model_names[0]
 
-    @staticmethod
-    def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, request: SamplingRequest, max_tokens: int | None,
+                        logprobs: int | None) -> SamplingParams:
+        for name in ("n", "best_of"):
+            value = getattr(request, name, None)
+            if isinstance(value, int) and value > self.max_n:
+                raise bad_request(f"{name} must be <= {self.max_n} (this server's limit), got {value}", name)
         try:
             return request.sampling_params(max_tokens, logprobs)
         except ValueError as e:
             raise bad_request(str(e), _field_named_in(str(e))) from None
 
-    async def submit(self, request_id: str, prompts: list, params: SamplingParams) -> list[RequestStream]:
+    async def encode_prompt(self, text: str) -> dict:
+        """A text prompt as the engine takes it, encoded on a tokenizer worker (never on the engine thread)."""
+        if not self.tokenizers.available:
+            raise bad_request("text prompts need a tokenizer; this server runs without one: send token ids",
+                              "prompt")
+        token_ids = await self.tokenizers.run(lambda tokenizer: tokenizer.encode(text))
+        return {"prompt": text, "prompt_token_ids": token_ids}
+
+    async def submit(self, request_id: str, prompts: list[dict], params: SamplingParams) -> list[RequestStream]:
         """Submit every prompt; on any failure abort those already accepted and raise an OpenAIError."""
+        try:
+            self.engine.check_capacity(len(prompts) * params.num_sequences)  # the whole request, or none of it
+        except (ValueError, QueueFullError) as e:
+            raise _as_openai_error(e) from None
         streams = []
         try:
             for i, prompt in enumerate(prompts):
@@ -50,8 +80,18 @@ class ServingBase:
         except BaseException as e:
             for stream in streams:
                 stream.close()
-            raise _as_openai_error(e) from None
+            raise _as_openai_error(e) from e
         return streams
+
+    @staticmethod
+    async def collect(outputs: AsyncIterator, consume) -> None:
+        """consume(item) for each item of `outputs` (a non-streamed response); engine failures become
+        OpenAIErrors."""
+        try:
+            async for item in outputs:
+                consume(*item)
+        except (EngineDeadError, RequestFailedError) as e:
+            raise _as_openai_error(e) from e
 
 
 def _as_openai_error(e: BaseException) -> BaseException:
@@ -61,12 +101,14 @@ def _as_openai_error(e: BaseException) -> BaseException:
         return OpenAIError(429, str(e), code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(e, EngineDeadError):
         return OpenAIError(503, str(e), code="engine_dead")
+    if isinstance(e, RequestFailedError):
+        return OpenAIError(500, str(e), code="request_failed")
     return e
 
 
 def _field_named_in(message: str) -> str | None:
     """The field a SamplingParams/engine message starts with ("top_p must be ..."), if any."""
-    head = message.split(" ", 1)[0].split("[", 1)[0]
+    head = message.split(" ", 1)[0].split("[", 1)[0].rstrip(":")
     if head == "prompt_token_ids":
         return "prompt"
     return head if head in _FIELDS else None
@@ -86,6 +128,14 @@ SSE_DONE = "data: [DONE]\n\n"
 def sse_error(error: OpenAIError) -> str:
     return sse(json.dumps({"error": {"message": error.message, "type": "server_error", "param": error.param,
                                      "code": error.status}}))
+
+
+def stream_failure(e: BaseException) -> str:
+    """The SSE error event for a stream that failed after its 200 was sent."""
+    if isinstance(e, EngineDeadError):
+        return sse_error(OpenAIError(503, str(e)))
+    logger.error("a stream failed", exc_info=e)
+    return sse_error(OpenAIError(500, f"the request failed: {e!r}"))
 
 
 async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

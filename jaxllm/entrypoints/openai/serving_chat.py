@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from jaxllm.entrypoints.openai.async_engine import EngineDeadError
-from jaxllm.entrypoints.openai.errors import OpenAIError, bad_request
+from jinja2 import TemplateError
+
+from jaxllm.entrypoints.openai.errors import bad_request
 from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, ChatCompletionRequest, \
     ChatCompletionResponse, ChatLogprobs, ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage, \
     TopLogprob, random_id, usage
-from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, sse_error, \
-    token_text
+from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, \
+    stream_failure, token_text
 from jaxllm.outputs import CompletionOutput
 from jaxllm.tokenizer import chat_prompt_ids
 
@@ -23,35 +24,41 @@ class ChatServing(ServingBase):
         except ValueError as e:
             raise bad_request(str(e), "top_logprobs") from None
         params = self.sampling_params(request, request.requested_max_tokens(), logprobs)
-        prompt_ids = self.render(request.messages)
+        prompt_ids = await self.render(request.messages)
         request_id = random_id("chatcmpl")
         streams = await self.submit(request_id, [{"prompt_token_ids": prompt_ids}], params)
         if request.stream:
             return self._stream(request_id, request, streams)
         return await self._full(request_id, request, streams)
 
-    def render(self, messages) -> list[int]:
-        if self.tokenizer is None:
+    async def render(self, messages) -> list[int]:
+        """The messages through the chat template, encoded (on a tokenizer worker)."""
+        if not self.tokenizers.available:
             raise bad_request("chat needs a tokenizer; this server runs without one", "messages")
         try:
-            return chat_prompt_ids(self.tokenizer, [m.as_template_input() for m in messages])
+            conversation = [m.as_template_input() for m in messages]
+            return await self.tokenizers.run(chat_prompt_ids, conversation)
         except ValueError as e:
             raise bad_request(str(e), "messages") from None
-        except Exception as e:  # noqa: BLE001 - template errors (jinja) are the caller's messages' fault
-            raise bad_request(f"the chat template failed on these messages: {e}", "messages") from None
+        except TemplateError as e:  # the template rejects these messages, or the template itself is broken
+            raise bad_request(f"the chat template failed on these messages: {type(e).__name__}: {e}",
+                              "messages") from None
 
     async def _full(self, request_id: str, request: ChatCompletionRequest, streams) -> ChatCompletionResponse:
         texts: dict[int, list[str]] = {}
         last: dict[int, CompletionOutput] = {}
         logprobs: dict[int, list[ChatLogprobToken]] = {}
         prompt_tokens = generated = 0
-        async for _, output in merge(streams):
+        def consume(_, output) -> None:
+            nonlocal prompt_tokens, generated
             prompt_tokens = len(output.prompt_token_ids)
             for completion in output.outputs:
                 texts.setdefault(completion.index, []).append(completion.text)
                 generated += len(completion.token_ids)
                 logprobs.setdefault(completion.index, []).extend(self._logprobs(completion, request))
                 last[completion.index] = completion
+
+        await self.collect(merge(streams), consume)
         choices = [ChatChoice(index=i, message=ChatResponseMessage(content="".join(texts[i])),
                               logprobs=ChatLogprobs(content=logprobs[i]) if request.logprobs else None,
                               finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
@@ -76,8 +83,8 @@ class ChatServing(ServingBase):
                     yield chunk([ChatStreamChoice(index=completion.index, delta=DeltaMessage(content=completion.text),
                                                   logprobs=logprobs, finish_reason=completion.finish_reason,
                                                   stop_reason=completion.stop_reason)])
-        except EngineDeadError as e:
-            yield sse_error(OpenAIError(503, str(e)))
+        except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
+            yield stream_failure(e)
         if request.include_usage:
             yield chunk([], usage(prompt_tokens, generated))
         yield SSE_DONE

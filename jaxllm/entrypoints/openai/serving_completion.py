@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from jaxllm.entrypoints.openai.async_engine import EngineDeadError
 from jaxllm.entrypoints.openai.errors import OpenAIError
 from jaxllm.entrypoints.openai.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, \
     CompletionResponse, random_id, usage
-from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, sse_error, \
-    token_text
+from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, \
+    stream_failure, token_text
 from jaxllm.outputs import CompletionOutput, RequestOutput
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI default for completions
@@ -22,7 +21,8 @@ class CompletionServing(ServingBase):
             raise OpenAIError(400, "suffix is not supported", "suffix")
         max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
         params = self.sampling_params(request, max_tokens, request.logprobs)
-        prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in request.prompts()]
+        prompts = [{"prompt_token_ids": p} if isinstance(p, list) else await self.encode_prompt(p)
+                   for p in request.prompts()]
         request_id = random_id("cmpl")
         streams = await self.submit(request_id, prompts, params)
         if request.stream:
@@ -36,7 +36,9 @@ class CompletionServing(ServingBase):
         logprobs: dict[int, CompletionLogprobs] = {}
         prompt_ids: dict[int, list[int]] = {}
         generated = 0
-        async for p, output in merge(streams):
+
+        def consume(p: int, output: RequestOutput) -> None:
+            nonlocal generated
             prompt_ids[p] = output.prompt_token_ids
             for completion in output.outputs:
                 index = p * n + completion.index
@@ -48,6 +50,8 @@ class CompletionServing(ServingBase):
                     self._add_logprobs(logprobs.setdefault(index, CompletionLogprobs()), completion,
                                        request.logprobs, sum(map(len, texts[index][:-1])))
                 last[index] = completion
+
+        await self.collect(merge(streams), consume)
         choices = [CompletionChoice(index=i, text="".join(texts[i]), logprobs=logprobs.get(i),
                                     finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
                    for i in sorted(texts)]
@@ -56,7 +60,8 @@ class CompletionServing(ServingBase):
                                   usage=usage(prompt_tokens, generated))
 
     async def _stream(self, request_id: str, request: CompletionRequest, streams) -> AsyncIterator[str]:
-        n, started = request.n, set()
+        n = request.n
+        sent_chars: dict[int, int] = {}  # per choice: characters of text sent so far (logprob text offsets)
         prompt_tokens, generated = {}, 0
         try:
             async for p, output in merge(streams):
@@ -64,20 +69,21 @@ class CompletionServing(ServingBase):
                 for completion in output.outputs:
                     index = p * n + completion.index
                     text = completion.text
-                    if index not in started:
-                        started.add(index)
-                        text = self._echo(request, output) + text
+                    if index not in sent_chars:
+                        echo = self._echo(request, output)
+                        text, sent_chars[index] = echo + text, len(echo)
                     generated += len(completion.token_ids)
                     logprobs = None
                     if request.logprobs is not None:
                         logprobs = CompletionLogprobs()
-                        self._add_logprobs(logprobs, completion, request.logprobs, 0)
+                        self._add_logprobs(logprobs, completion, request.logprobs, sent_chars[index])
+                    sent_chars[index] += len(completion.text)
                     choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
                                               finish_reason=completion.finish_reason,
                                               stop_reason=completion.stop_reason)
                     yield sse(CompletionResponse(id=request_id, model=self.model_name, choices=[choice]))
-        except EngineDeadError as e:
-            yield sse_error(OpenAIError(503, str(e)))
+        except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
+            yield stream_failure(e)
         if request.include_usage:
             yield sse(CompletionResponse(id=request_id, model=self.model_name, choices=[],
                                          usage=usage(sum(prompt_tokens.values()), generated)))

@@ -1,0 +1,53 @@
+"""The server's tokenizer: one copy per thread, prompt encoding on a worker pool.
+
+Hugging Face fast tokenizers are Rust objects behind a borrow check: two threads using one object at the same time
+raise "RuntimeError: Already borrowed". So no tokenizer object is shared between threads here:
+
+    engine thread          the engine's own tokenizer (detokenizing outputs); never touched by the server
+    event loop             its own copy (token texts of logprobs, echo)
+    tokenize-N workers     one copy each: prompt encoding, chat templates, /tokenize, /detokenize
+
+Copies are made from a template taken at start-up, before the engine thread runs. Encoding on the workers keeps a
+long prompt's encode off both the event loop (every stream's next chunk) and the engine thread (every step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+NUM_WORKERS = 2
+
+T = TypeVar("T")
+
+
+class ServerTokenizer:
+    def __init__(self, tokenizer, num_workers: int = NUM_WORKERS):
+        self._template = None if tokenizer is None else copy.deepcopy(tokenizer)
+        self._copy_lock = threading.Lock()
+        self._local = threading.local()
+        self._workers = ThreadPoolExecutor(num_workers, thread_name_prefix="tokenize")
+
+    @property
+    def available(self) -> bool:
+        return self._template is not None
+
+    def get(self):
+        """The calling thread's own tokenizer (None when the server runs without one)."""
+        if self._template is None:
+            return None
+        tokenizer = getattr(self._local, "tokenizer", None)
+        if tokenizer is None:
+            with self._copy_lock:
+                tokenizer = self._local.tokenizer = copy.deepcopy(self._template)
+        return tokenizer
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(tokenizer, *args) on a worker thread, with that worker's tokenizer."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, lambda: fn(self.get(), *args))
+
+    def shutdown(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
