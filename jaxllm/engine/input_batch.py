@@ -120,6 +120,8 @@ class InputBatch:
         for row, cached in enumerate(inputs.sampled):
             cached.sample_row = row
             cached.sampling.expect_token()
+        for span in inputs.prompt_spans:
+            span.request.num_prompt_logprob_positions = span.positions.stop
 
     def _cached(self, chunk: ScheduledChunk) -> CachedRequest:
         request = chunk.request
@@ -164,14 +166,15 @@ class InputBatch:
         return batch, prev_rows, key
 
     def _prompt_spans(self, chunks) -> list[PromptSpan]:
-        """Prompt positions needing logprobs, per chunk: reported once, by the first sample, before preemption."""
+        """Prompt positions needing logprobs, per chunk: each reported once, by the first sample (a request
+        preempted and recomputed skips those an earlier step already asked for)."""
         spans, row = [], 0
         for i, chunk in enumerate(chunks):
             request = chunk.request
-            if request.sampling_params.prompt_logprobs is None or request.num_preemptions or request.sample_index:
+            if request.sampling_params.prompt_logprobs is None or request.sample_index:
                 continue
             end = min(chunk.num_computed_before + chunk.num_new_tokens, request.num_prompt_tokens - 1)
-            positions = range(chunk.num_computed_before, end)
+            positions = range(max(chunk.num_computed_before, request.num_prompt_logprob_positions), end)
             if positions:
                 spans.append(PromptSpan(request, i, row, positions))
                 row += len(positions)

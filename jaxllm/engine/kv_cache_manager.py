@@ -41,6 +41,10 @@ class KVCacheManager:
         """The request's blocks in token order: the manager's own list, which only grows while the request runs."""
         return self._blocks.setdefault(request.request_id, [])
 
+    def block_tables(self) -> dict[str, list[Block]]:
+        """A copy of every request's block table (request id -> its blocks in token order), for inspection."""
+        return {rid: list(blocks) for rid, blocks in self._blocks.items()}
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

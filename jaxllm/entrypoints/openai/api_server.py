@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import signal
 import sys
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from jaxllm.entrypoints.openai.guards import RequestGuard
 from jaxllm.entrypoints.openai.metrics import ServerMetrics
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
     ModelCard, ModelList, TokenizeRequest
-from jaxllm.entrypoints.openai.serving_base import DEFAULT_MAX_N
+from jaxllm.entrypoints.openai.serving_base import RequestLimits
 from jaxllm.entrypoints.openai.serving_chat import ChatServing
 from jaxllm.entrypoints.openai.serving_completion import CompletionServing
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
@@ -52,8 +53,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-queue-len", type=int, default=None,
                         help="sequences that may wait for a batch slot (a request counts its n or best_of); "
                              "more are refused with 429")
-    parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N,
+    parser.add_argument("--max-n", type=int, default=RequestLimits.max_n,
                         help="the largest n or best_of one request may ask for; larger ones are refused with 400")
+    parser.add_argument("--max-request-sequences", type=int, default=RequestLimits.max_request_sequences,
+                        help="the most sequences (prompts x best_of) one completion request may ask for")
     parser.add_argument("--engine-stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="seconds one engine step may run before /health answers 503 (a wedged engine)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -79,7 +82,7 @@ def served_names(args: argparse.Namespace) -> list[str]:
 
 def build_app(engine, served_model_names: list[str], *, api_key: str | None = None,
               max_queue_len: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              max_n: int = DEFAULT_MAX_N, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> FastAPI:
+              limits: RequestLimits = RequestLimits(), stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> FastAPI:
     metrics = ServerMetrics(served_model_names[0])
     async_engine = AsyncEngine(engine, metrics, max_queue_len, stall_timeout_s)
     tokenizers = ServerTokenizer(engine.tokenizer)  # copied before the engine thread starts using its own
@@ -93,8 +96,8 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
 
     app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan)
     app.state.async_engine, app.state.metrics = async_engine, metrics
-    app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, max_n)
-    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, max_n)
+    app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits)
+    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits)
     _add_error_handlers(app)
     app.add_middleware(UnexpectedErrorsAsOpenAIErrors)
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -127,9 +130,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return error_response(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}")
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-        if not loc:  # a check of the whole body: its message starts with the field it names
-            return error_response(400, message, message.split(":", 1)[0].split("[", 1)[0].split(".", 1)[0])
-        return error_response(400, f"{'.'.join(loc)}: {message}", ".".join(loc))
+        if loc:
+            return error_response(400, f"{'.'.join(loc)}: {message}", ".".join(loc))
+        field = re.match(r"([A-Za-z_]\w*)[.\[:]", message)  # a check of the whole body names its field first
+        return error_response(400, message if field else f"body: {message}", field and field.group(1))
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(_: Request, e: "ClientDisconnected"):
@@ -248,7 +252,8 @@ def run_server(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     engine = LLMEngine(engine_args(args))
     app = build_app(engine, served_names(args), api_key=args.api_key, max_queue_len=args.max_queue_len,
-                    max_body_bytes=args.max_body_bytes, max_n=args.max_n, stall_timeout_s=args.engine_stall_timeout)
+                    max_body_bytes=args.max_body_bytes, limits=RequestLimits(args.max_n, args.max_request_sequences),
+                    stall_timeout_s=args.engine_stall_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     uvicorn.Server(config).run()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
 
@@ -27,9 +26,15 @@ class OpenAIError(Exception):
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else HTTPStatus(status).phrase)
-    body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code or status))
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = ErrorResponse(error=ErrorInfo(message=printable(message), type=kind,
+                                         param=None if param is None else printable(param), code=code or status))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def printable(text: str) -> str:
+    """`text` with anything that is not valid Unicode (a lone surrogate quoted from a request) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:

@@ -46,7 +46,8 @@ class RequestModel(OpenAIBaseModel):
 
 
 def lone_surrogate_path(data: Any) -> str | None:
-    """Where in a parsed JSON value ("messages[0].content") a string holds a lone surrogate, or None."""
+    """Where in a parsed JSON value ("messages[0].content") a string holds a lone surrogate, or None; a key
+    holding one is named with it escaped."""
     stack = [("", data)]
     while stack:
         path, value = stack.pop()
@@ -57,7 +58,7 @@ def lone_surrogate_path(data: Any) -> str | None:
             for key, item in value.items():
                 key_path = f"{path}.{key}" if path else str(key)
                 if isinstance(key, str) and not _is_valid_unicode(key):
-                    return key_path
+                    return key_path.encode("utf-8", "backslashreplace").decode("utf-8")  # printable
                 stack.append((key_path, item))
         elif isinstance(value, list):
             stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))

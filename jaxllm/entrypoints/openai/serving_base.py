@@ -22,17 +22,24 @@ from jaxllm.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
-DEFAULT_MAX_N = 64  # the most sequences (n, best_of) one request may ask for: a server limit (--max-n)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for, whatever the server's load (the server's flags of the same names)."""
+
+    max_n: int = 64  # n and best_of
+    max_request_sequences: int = 1024  # prompts x best_of of one completion request
 
 
 class ServingBase:
     def __init__(self, engine: AsyncEngine, served_model_names: Sequence[str], tokenizers: ServerTokenizer,
-                 max_n: int = DEFAULT_MAX_N):
+                 limits: RequestLimits = RequestLimits()):
         self.engine = engine
         self.tokenizers = tokenizers
         self.model_names = list(served_model_names)
         self.max_model_len = engine.engine.scheduler_config.max_model_len
-        self.max_n = max_n
+        self.limits = limits
 
     @property
     def tokenizer(self):
@@ -48,16 +55,21 @@ class ServingBase:
     def model_name(self) -> str:
         return self.model_names[0]
 
-    def sampling_params(self, request: SamplingRequest, max_tokens: int | None,
-                        logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+                        max_tokens_field: str = "max_tokens") -> SamplingParams:
+        """The request's SamplingParams; a bad value is a 400 naming its field (max_tokens as the request
+        spelled it)."""
         for name in ("n", "best_of"):
             value = getattr(request, name, None)
-            if isinstance(value, int) and value > self.max_n:
-                raise bad_request(f"{name} must be <= {self.max_n} (this server's limit), got {value}", name)
+            if isinstance(value, int) and value > self.limits.max_n:
+                raise bad_request(f"{name} must be <= {self.limits.max_n} (this server's limit), got {value}", name)
         try:
             return request.sampling_params(max_tokens, logprobs)
         except ValueError as e:
-            raise bad_request(str(e), _field_named_in(str(e))) from None
+            message, field = str(e), _field_named_in(str(e))
+            if field == "max_tokens" and max_tokens_field != field:
+                message, field = message.replace("max_tokens", max_tokens_field, 1), max_tokens_field
+            raise bad_request(message, field) from None
 
     async def encode_prompt(self, text: str) -> dict:
         """A text prompt as the engine takes it, encoded on a tokenizer worker (never on the engine thread)."""
@@ -69,6 +81,11 @@ class ServingBase:
 
     async def submit(self, request_id: str, prompts: list[dict], params: SamplingParams) -> list[RequestStream]:
         """Submit every prompt; on any failure abort those already accepted and raise an OpenAIError."""
+        sequences = len(prompts) * params.num_sequences
+        if sequences > self.limits.max_request_sequences:
+            raise bad_request(f"prompt: {len(prompts)} prompts x {params.num_sequences} samples is {sequences} "
+                              f"sequences; this server takes at most {self.limits.max_request_sequences} per "
+                              f"request", "prompt")
         try:
             self.engine.check_capacity(len(prompts) * params.num_sequences)  # the whole request, or none of it
         except (ValueError, QueueFullError) as e:

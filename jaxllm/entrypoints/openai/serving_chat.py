@@ -23,7 +23,9 @@ class ChatServing(ServingBase):
             logprobs = request.requested_logprobs()
         except ValueError as e:
             raise bad_request(str(e), "top_logprobs") from None
-        params = self.sampling_params(request, request.requested_max_tokens(), logprobs)
+        params = self.sampling_params(request, request.requested_max_tokens(), logprobs,
+                                      "max_tokens" if request.max_completion_tokens is None else
+                                      "max_completion_tokens")
         prompt_ids = await self.render(request.messages)
         request_id = random_id("chatcmpl")
         streams = await self.submit(request_id, [{"prompt_token_ids": prompt_ids}], params)
