@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import re
+import typing
 from typing import Any
 
 import jax
@@ -81,7 +82,8 @@ class EngineArgs:
         return cls(**{**values, **overrides})
 
     def __post_init__(self):
-        """Check every field, naming the one that is out of range."""
+        """Check every field, naming the one that is of the wrong type or out of range."""
+        self._check_types()
         for name, minimum in MINIMUMS.items():
             value = getattr(self, name)
             if value is not None and value < minimum:
@@ -95,6 +97,15 @@ class EngineArgs:
             if choices is not None and getattr(self, field.name) not in choices:
                 raise ValueError(f"{field.name} must be one of {', '.join(choices)}; got "
                                  f"{getattr(self, field.name)!r}")
+
+    def _check_types(self) -> None:
+        """Each field holds its annotated type (None only where the annotation allows it; an int for a float)."""
+        for name, annotation in typing.get_type_hints(type(self)).items():
+            allowed = typing.get_args(annotation) or (annotation,)
+            value = getattr(self, name)
+            if not any(_holds(value, t) for t in allowed):
+                names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+                raise ValueError(f"{name} must be {names}, got {value!r}")
 
     def enable_compilation_cache(self) -> None:
         if self.compilation_cache_dir is not None:
@@ -165,6 +176,15 @@ class EngineArgs:
                              f"less than 2 blocks of {per_block} bytes; raise gpu_memory_utilization, or set "
                              f"kv_cache_memory_bytes or num_gpu_blocks")
         return budget
+
+
+def _holds(value: Any, kind: type) -> bool:
+    """isinstance, except that a bool is not an int and an int is a float."""
+    if kind is type(None):
+        return value is None
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, kind) or (kind is float and isinstance(value, int))
 
 
 def xla_memory_fraction(environ=os.environ) -> float:

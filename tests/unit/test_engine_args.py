@@ -119,6 +119,11 @@ def test_choices_are_the_values_the_engine_accepts():
     ("dtype", "int8", "dtype must be one of auto, float32, bfloat16, float16; got 'int8'"),
     ("attention", "flash", "attention must be one of auto, pallas, reference; got 'flash'"),
     ("scheduling_policy", "lifo", "scheduling_policy must be one of fcfs, priority; got 'lifo'"),
+    ("max_num_seqs", None, "max_num_seqs must be int, got None"),
+    ("warmup", 1, "warmup must be bool, got 1"),
+    ("seed", True, "seed must be int, got True"),
+    ("model", 5, "model must be str or None, got 5"),
+    ("gpu_memory_utilization", "high", "gpu_memory_utilization must be float, got 'high'"),
 ])
 def test_out_of_range_fields_are_named(field, value, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
