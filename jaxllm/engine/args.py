@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import os
 import re
 import typing
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.loaders.assemble import DTYPES
@@ -179,12 +181,13 @@ class EngineArgs:
 
 
 def _holds(value: Any, kind: type) -> bool:
-    """isinstance, except that a bool is not an int and an int is a float."""
+    """isinstance, except that a bool is no number, any integer (numpy's too) is an int, any real a float."""
     if kind is type(None):
         return value is None
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return kind is bool
-    return isinstance(value, kind) or (kind is float and isinstance(value, int))
+    number = {int: numbers.Integral, float: numbers.Real}.get(kind)
+    return isinstance(value, number or kind)
 
 
 def xla_memory_fraction(environ=os.environ) -> float:
