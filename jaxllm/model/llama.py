@@ -7,6 +7,7 @@ untied embeddings. Activations stay in the params' dtype; norms, softmax and log
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +40,15 @@ def forward_hidden(
     *,
     config: ModelConfig,
     attention: str = "reference",
+    reduce: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Returns (final-normed hidden states [R, H] at batch.logits_indices, kv_cache with this step's K/V written).
 
     The engine runs this as its forward program and computes logits in its sampler program, for the rows it samples.
+    `reduce` sums the partial outputs of the row-parallel projections (wo, w_down) when params hold one device's
+    share of the heads and MLP columns (tensor_parallel.py); None: the params are whole.
     """
+    reduce = reduce or (lambda partial: partial)
     x = params.embed[batch.token_ids]  # [T, H]
     cos, sin = rope_cos_sin(batch.positions, rope_inv_freq(config), x.dtype)  # [T, D] each
     attend = get_attention(attention)
@@ -56,9 +61,9 @@ def forward_hidden(
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v)
         attn = attend(q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
-        x = x + linear(attn.reshape(x.shape[0], -1), lp.wo)
+        x = x + reduce(linear(attn.reshape(x.shape[0], -1), lp.wo))
         h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
-        x = x + swiglu(h, lp.w_gate_up, lp.w_down)
+        x = x + reduce(swiglu(h, lp.w_gate_up, lp.w_down))
         return (x, k_pool, v_pool), None
 
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)

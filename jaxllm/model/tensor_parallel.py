@@ -1,0 +1,180 @@
+"""Tensor parallelism of the Llama forward over a 1-D device mesh (axis "tp"), Megatron-style under shard_map.
+
+Each of N devices holds Hq/N query heads and their KV heads (a KV head is replicated when N > Hkv, as in vLLM),
+F/N MLP columns and V/N rows of the LM head; norms and the embedding table are replicated. A layer computes its
+heads and MLP columns on each device and sums the partial outputs twice (after wo, after w_down): two
+all-reduces per layer. The logits' vocabulary shards are gathered at the end.
+
+Fused weights are laid out shard-major: device s's rows of w_qkv are [its q rows | its k rows | its v rows] and
+of w_gate_up [its gate rows | its up rows], so an even split of the fused axis hands each device matching rows.
+At N = 1 that is the ordinary layout. The KV pool holds max(Hkv, N) heads, split evenly over the devices.
+
+Which mesh axis each parameter axis is split over is one table, PARAM_AXES (logical axis names) + AXIS_RULES.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxllm.config import ModelConfig
+from jaxllm.model.kv_cache import KVCache
+from jaxllm.model.llama import forward_hidden
+from jaxllm.model.params import LayerParams, LlamaParams
+from jaxllm.model.step_batch import StepBatch
+
+TP_AXIS = "tp"
+
+# logical axis names of every parameter (layer fields carry the leading [L] axis), and the mesh axis each maps to
+PARAM_AXES = {
+    "embed": ("vocab_replicated", "embed"), "final_norm": ("embed",), "lm_head": ("vocab", "embed"),
+    "attn_norm": ("layers", "embed"), "mlp_norm": ("layers", "embed"),
+    "w_qkv": ("layers", "heads", "embed"), "b_qkv": ("layers", "heads"), "wo": ("layers", "embed", "heads"),
+    "w_gate_up": ("layers", "mlp", "embed"), "w_down": ("layers", "embed", "mlp"),
+}
+KV_POOL_AXES = ("layers", "blocks", "kv_heads", "block_offset", "head_dim")  # [L, N, Hkv, B, D]
+AXIS_RULES = {"heads": TP_AXIS, "kv_heads": TP_AXIS, "mlp": TP_AXIS, "vocab": TP_AXIS}
+
+
+def spec(logical_axes: tuple[str, ...]) -> P:
+    """The PartitionSpec of an array whose axes have these logical names."""
+    return P(*(AXIS_RULES.get(axis) for axis in logical_axes))
+
+
+def valid_tp_sizes(config: ModelConfig, max_size: int = 64) -> list[int]:
+    """Device counts that split this model evenly: they divide the query heads and the MLP width, and divide the
+    KV heads or are a multiple of them (the KV heads are then replicated)."""
+    return [n for n in range(1, max_size + 1)
+            if config.num_heads % n == 0 and config.intermediate_size % n == 0
+            and (config.num_kv_heads % n == 0 or n % config.num_kv_heads == 0)]
+
+
+def check_tp_size(config: ModelConfig, tp_size: int, num_devices: int) -> None:
+    """Raise ValueError naming the heads and the valid sizes when the model cannot be split over tp_size."""
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp_size!r}")
+    if tp_size > num_devices:
+        raise ValueError(f"tensor_parallel_size {tp_size} asks for more devices than the {num_devices} there are")
+    valid = valid_tp_sizes(config, max_size=max(tp_size, num_devices))
+    if tp_size not in valid:
+        raise ValueError(f"tensor_parallel_size {tp_size} does not split this model's {config.num_heads} query "
+                         f"heads, {config.num_kv_heads} KV heads and MLP width {config.intermediate_size} evenly; "
+                         f"valid sizes: {', '.join(map(str, valid))}")
+
+
+def make_mesh(tp_size: int, devices=None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)[:tp_size]
+    return Mesh(np.asarray(devices), (TP_AXIS,))
+
+
+def kv_heads_per_device(config: ModelConfig, tp_size: int) -> int:
+    return max(config.num_kv_heads // tp_size, 1)
+
+
+def local_config(config: ModelConfig, tp_size: int) -> ModelConfig:
+    """The config one device's share of the model looks like (its heads and MLP columns)."""
+    return dataclasses.replace(config, num_heads=config.num_heads // tp_size,
+                               num_kv_heads=kv_heads_per_device(config, tp_size),
+                               intermediate_size=config.intermediate_size // tp_size)
+
+
+# ------------------------------------------------------------------------------------------ weight layout
+def shard_major_params(params: LlamaParams, config: ModelConfig, tp_size: int) -> LlamaParams:
+    """Ordinary-layout params -> the shard-major layout above (an explicit, vocab-padded lm_head when tied)."""
+    layers = params.layers
+    fused = {"w_qkv": _qkv_rows(layers.w_qkv, config, tp_size),
+             "w_gate_up": _gate_up_rows(layers.w_gate_up, config, tp_size)}
+    if layers.b_qkv is not None:
+        fused["b_qkv"] = _qkv_rows(layers.b_qkv, config, tp_size)
+    lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
+    padding = -config.vocab_size % tp_size
+    lm_head = jnp.pad(lm_head, ((0, padding), (0, 0)))
+    return params.replace(layers=layers.replace(**fused), lm_head=lm_head)
+
+
+def _qkv_rows(w: jax.Array, config: ModelConfig, tp_size: int) -> jax.Array:
+    """w [L, (Hq + 2*Hkv)*D, ...] (q, k, v rows) -> [L, N * (Hq/N + 2*Hkv_local)*D, ...], device by device."""
+    d, hq, hkv = config.head_dim, config.num_heads, config.num_kv_heads
+    q, k, v = jnp.split(w, [hq * d, (hq + hkv) * d], axis=1)
+    q_per, kv_per = hq // tp_size, kv_heads_per_device(config, tp_size)
+    rows = []
+    for s in range(tp_size):
+        first_kv = (s * q_per) // (hq // hkv)  # the KV head of this device's first query head
+        kv = slice(first_kv * d, (first_kv + kv_per) * d)
+        rows += [q[:, s * q_per * d:(s + 1) * q_per * d], k[:, kv], v[:, kv]]
+    return jnp.concatenate(rows, axis=1)
+
+
+def _gate_up_rows(w: jax.Array, config: ModelConfig, tp_size: int) -> jax.Array:
+    """w [L, 2F, H] (gate, up rows) -> [L, N * 2F/N, H]: device s holds its gate rows, then its up rows."""
+    gate, up = jnp.split(w, 2, axis=1)
+    per = config.intermediate_size // tp_size
+    return jnp.concatenate([part[:, s * per:(s + 1) * per] for s in range(tp_size) for part in (gate, up)], axis=1)
+
+
+def param_shardings(params: LlamaParams, mesh: Mesh) -> LlamaParams:
+    """A NamedSharding per parameter, from PARAM_AXES and AXIS_RULES."""
+    def sharding(name: str) -> NamedSharding:
+        return NamedSharding(mesh, spec(PARAM_AXES[name]))
+
+    layer_fields = {f.name: sharding(f.name) for f in dataclasses.fields(LayerParams)
+                    if getattr(params.layers, f.name) is not None}
+    return LlamaParams(embed=sharding("embed"), layers=LayerParams(**layer_fields),
+                       final_norm=sharding("final_norm"), lm_head=sharding("lm_head"))
+
+
+def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh) -> LlamaParams:
+    """Params laid out shard-major and placed on the mesh, each device holding its part."""
+    laid_out = shard_major_params(params, config, mesh.size)
+    return jax.device_put(laid_out, param_shardings(laid_out, mesh))
+
+
+def init_sharded_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, mesh: Mesh,
+                          dtype=jnp.float32) -> KVCache:
+    """The KV pool [L, N, max(Hkv, tp), B, D], its head axis split over the devices."""
+    heads = kv_heads_per_device(config, mesh.size) * mesh.size
+    shape = (config.num_layers, num_blocks, heads, block_size, config.head_dim)
+    sharding = NamedSharding(mesh, spec(KV_POOL_AXES))
+    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+    return KVCache(k=zeros(), v=zeros())
+
+
+# ------------------------------------------------------------------------------------------ the forward
+def sharded_forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig, mesh: Mesh,
+                    attention: str = "reference") -> tuple[jax.Array, KVCache]:
+    """forward() over the mesh: (logits [R, V] float32, kv_cache); params from shard_params, pool from
+    init_sharded_kv_cache, the batch replicated."""
+    tp_size = mesh.size
+    param_specs = jax.tree.map(lambda s: s.spec, param_shardings(params, mesh))
+    kv_specs = KVCache(k=spec(KV_POOL_AXES), v=spec(KV_POOL_AXES))
+    batch_specs = jax.tree.map(lambda _: P(), batch)
+
+    # check_vma off: the attention loops carry per-device values from replicated initial ones; the logits are
+    # all-gathered, so replicated as out_specs says
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(param_specs, kv_specs, batch_specs),
+                       out_specs=(P(), kv_specs), check_vma=False)
+    def step(local_params, local_kv, batch):
+        hidden, local_kv = forward_hidden(local_params, local_kv, batch, config=local_config(config, tp_size),
+                                          attention=attention, reduce=_all_reduce)
+        logits = jax.lax.dot_general(hidden, local_params.lm_head, (((1,), (1,)), ((), ())),
+                                     preferred_element_type=jnp.float32)  # [R, V_padded / N]
+        logits = jax.lax.all_gather(logits, TP_AXIS, axis=1, tiled=True)  # [R, V_padded]
+        return logits[:, :config.vocab_size], local_kv
+
+    return step(params, kv_cache, batch)
+
+
+def _all_reduce(partial: jax.Array) -> jax.Array:
+    """Sum a row-parallel projection's partial outputs over the devices (in float32, then back)."""
+    return jax.lax.psum(partial.astype(jnp.float32), TP_AXIS).astype(partial.dtype)
+
+
+def jit_sharded_forward(config: ModelConfig, mesh: Mesh, attention: str = "reference"):
+    """The jitted sharded step, the pool donated (updated in place on each device)."""
+    return jax.jit(functools.partial(sharded_forward, config=config, mesh=mesh, attention=attention),
+                   donate_argnums=(1,))
