@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -19,9 +21,8 @@ from tests.tiny_models import write_gguf
 def bf16_dir(tiny_model_dir, tmp_path_factory):
     _, model = tiny_model_dir("llama3")
     directory = tmp_path_factory.mktemp("bf16-llama3")
-    model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
-    model.to(torch.float32)
-    return directory
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)  # the fixture's
+    return directory                                                                             # model unchanged
 
 
 def test_safetensors_dtype_is_read_from_the_files(tiny_model_dir, bf16_dir):
