@@ -21,7 +21,8 @@ from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.model.attention import ATTENTION_BACKENDS
 from jaxllm.model.kv_cache import kv_cache_bytes
-from jaxllm.model.params import param_bytes, params_dtype
+from jaxllm.model.params import param_bytes_per_device, params_dtype
+from jaxllm.model.tensor_parallel import kv_heads_per_device
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ XLA_DEFAULT_MEM_FRACTION = 0.75
 XLA_MEM_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # new name, old name
 # at least this many (field: minimum), checked when the field is set
 MINIMUMS = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
-            "num_gpu_blocks": 2, "kv_cache_memory_bytes": 1}
+            "num_gpu_blocks": 2, "kv_cache_memory_bytes": 1, "tensor_parallel_size": 1}
 
 
 def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -76,6 +77,9 @@ class EngineArgs:
     compilation_cache_dir: str | None = _arg(None, "persistent XLA compilation cache directory: programs built "
                                                    "once load in a fraction of the time at the next start")
     skip_tokenizer: bool = _arg(False, "load no tokenizer: prompts must be token ids, outputs carry no text")
+    tensor_parallel_size: int | None = _arg(None, "devices the model is split over (query heads, KV heads, MLP "
+                                                  "columns, vocabulary); unset: one device, unsharded; 1 runs the "
+                                                  "sharded code path on one device")
 
     @classmethod
     def from_cli_args(cls, namespace, **overrides) -> "EngineArgs":
@@ -135,7 +139,7 @@ class EngineArgs:
     def _num_blocks(self, loaded, max_model_len: int) -> int:
         if self.num_gpu_blocks is not None:
             return self.num_gpu_blocks
-        per_block = kv_cache_bytes(loaded.config, 1, self.block_size, params_dtype(loaded.params))
+        per_block = self._kv_block_bytes_per_device(loaded)
         if self.kv_cache_memory_bytes is not None:
             budget = self.kv_cache_memory_bytes
         elif jax.default_backend() == "gpu":
@@ -148,6 +152,14 @@ class EngineArgs:
             raise ValueError(f"the KV cache budget of {budget} bytes holds {num_blocks} blocks of {per_block} bytes; "
                              f"at least 2 are needed")
         return int(num_blocks)
+
+    def _kv_block_bytes_per_device(self, loaded) -> int:
+        """One KV block's bytes on one device: its share of the (replicated when needed) KV heads."""
+        config = loaded.config
+        whole = kv_cache_bytes(config, 1, self.block_size, params_dtype(loaded.params))
+        if self.tensor_parallel_size is None:
+            return whole
+        return whole * kv_heads_per_device(config, self.tensor_parallel_size) // config.num_kv_heads
 
     def _gpu_budget(self, loaded, per_block: int) -> int:
         """Bytes for the KV cache on a GPU: gpu_memory_utilization of the device's memory, within what XLA's
@@ -169,7 +181,7 @@ class EngineArgs:
                         "XLA_CLIENT_MEM_FRACTION for more)", self.gpu_memory_utilization, wanted / 2**30,
                         limit / 2**30)
         usable = min(wanted, limit)
-        weights = param_bytes(loaded.params)
+        weights = param_bytes_per_device(loaded.params)
         budget = int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - weights)
         if budget < 2 * per_block:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} leaves too little for the KV "

@@ -42,6 +42,9 @@ class LLMEngine:
 
         args.enable_compilation_cache()
         self.loaded = loaded if loaded is not None else load_model(args.model, dtype=args.dtype)
+        self.mesh = None
+        if args.tensor_parallel_size is not None:  # split the params over a mesh before the pool is sized
+            self.mesh, self.loaded = _shard(self.loaded, args.tensor_parallel_size)
         self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
@@ -49,7 +52,7 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
-                                  attention=args.attention, eos_token_ids=self.eos_token_ids)
+                                  attention=args.attention, eos_token_ids=self.eos_token_ids, mesh=self.mesh)
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size))
         self.processor = OutputProcessor(self.tokenizer)
@@ -213,3 +216,14 @@ def _check_unicode(text: str) -> None:
     except UnicodeEncodeError as e:
         raise ValueError(f"prompt holds {text[e.start:e.end]!r} at position {e.start}, a lone UTF-16 surrogate: "
                          f"not valid Unicode") from e
+
+
+def _shard(loaded, tp_size: int):
+    """(the mesh of tp_size devices, `loaded` with its params split over it); ValueError for sizes that cannot work."""
+    import jax
+
+    from jaxllm.model import tensor_parallel
+
+    tensor_parallel.check_tp_size(loaded.config, tp_size, len(jax.devices()))
+    mesh = tensor_parallel.make_mesh(tp_size)
+    return mesh, dataclasses.replace(loaded, params=tensor_parallel.shard_params(loaded.params, loaded.config, mesh))

@@ -18,6 +18,7 @@ import logging
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
@@ -27,6 +28,7 @@ from jaxllm.engine.request import Request
 from jaxllm.engine.scheduler import SchedulerOutput
 from jaxllm.engine.step_programs import StepPrograms
 from jaxllm.model import init_kv_cache
+from jaxllm.model.tensor_parallel import init_sharded_kv_cache
 from jaxllm.model.attention import resolve_attention
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
@@ -46,15 +48,19 @@ class InflightStep:
 
 class ModelRunner:
     def __init__(self, loaded, cache: CacheConfig, scheduler: SchedulerConfig, *, seed: int = 0,
-                 attention: str = "auto", eos_token_ids: tuple[int, ...] = ()):
+                 attention: str = "auto", eos_token_ids: tuple[int, ...] = (), mesh: Mesh | None = None):
+        """`mesh`: None, or the tensor-parallel mesh loaded.params are split over (tensor_parallel.shard_params);
+        the KV pool is then split over it too."""
         self.config = loaded.config
         self.params = loaded.params
-        self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, params_dtype(self.params))
+        dtype = params_dtype(self.params)
+        self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, dtype) if mesh is None else \
+            init_sharded_kv_cache(self.config, cache.num_blocks, cache.block_size, mesh, dtype)
         self.buckets = Buckets(scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
                                decode_only_programs=resolve_attention(attention) == "pallas")
         self.inputs = InputBatch(self.buckets, cache.block_size, scheduler.max_model_len, self.config.vocab_size,
                                  base_seed=seed, eos_token_ids=eos_token_ids)
-        self.programs = StepPrograms(self.config, attention, self.buckets, self.inputs.max_blocks)
+        self.programs = StepPrograms(self.config, attention, self.buckets, self.inputs.max_blocks, mesh)
         self._neutral: dict[int, LogitAdjustments] = {}  # per S bucket, on the device: "no adjustments"
         self._next_tokens = jax.device_put(np.zeros(self.buckets.num_sample_rows, np.int32))  # last step's samples
 

@@ -22,10 +22,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxllm.config import ModelConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.model import StepBatch, compute_logits, forward_hidden
+from jaxllm.model.tensor_parallel import sharded_forward_hidden
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import sample
 from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
@@ -34,19 +36,22 @@ from jaxllm.sampling_params import MAX_LOGPROBS
 logger = logging.getLogger(__name__)
 
 
-def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, *, config, attention):
+def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, *, config, attention, mesh):
     tokens = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], batch.token_ids)  # [T]
-    return forward_hidden(params, kv, batch.replace(token_ids=tokens), config=config, attention=attention)
+    batch = batch.replace(token_ids=tokens)
+    if mesh is None:
+        return forward_hidden(params, kv, batch, config=config, attention=attention)
+    return sharded_forward_hidden(params, kv, batch, config=config, mesh=mesh, attention=attention)
 
 
-def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sample_rows: int):
-    out = sample(compute_logits(params, hidden[:num_rows]), sampling)  # logits [S, V]
+def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sample_rows: int, vocab_size: int):
+    out = sample(compute_logits(params, hidden[:num_rows], vocab_size), sampling)  # logits [S, V]
     return out, jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
 
 
-def _prompt_logprobs(params, hidden, first_row, targets):
+def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int):
     rows = jax.lax.dynamic_slice_in_dim(hidden, first_row, targets.shape[0])  # [P, H]
-    logprobs = jax.nn.log_softmax(compute_logits(params, rows), axis=-1)  # [P, V]
+    logprobs = jax.nn.log_softmax(compute_logits(params, rows, vocab_size), axis=-1)  # [P, V]
     target = jnp.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
     rank = 1 + jnp.sum(logprobs > target[:, None], axis=-1, dtype=jnp.int32)
     top_lp, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[1]))
@@ -54,14 +59,22 @@ def _prompt_logprobs(params, hidden, first_row, targets):
 
 
 class StepPrograms:
-    def __init__(self, config: ModelConfig, attention: str, buckets: Buckets, max_blocks_per_seq: int):
+    """`mesh`: None, or the tensor-parallel mesh the params and the pool are split over (tensor_parallel.py); the
+    programs' other inputs are then replicated over it."""
+
+    def __init__(self, config: ModelConfig, attention: str, buckets: Buckets, max_blocks_per_seq: int,
+                 mesh: Mesh | None = None):
         self.config = config
         self.buckets = buckets
         self.max_blocks_per_seq = max_blocks_per_seq
+        self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+        vocab = config.vocab_size
         self._jitted = {
-            "forward": jax.jit(functools.partial(_forward, config=config, attention=attention), donate_argnums=(1,)),
-            "sample": jax.jit(_sample, static_argnames=("num_rows", "num_sample_rows")),
-            "prompt_logprobs": jax.jit(_prompt_logprobs),
+            "forward": jax.jit(functools.partial(_forward, config=config, attention=attention, mesh=mesh),
+                               donate_argnums=(1,)),
+            "sample": jax.jit(functools.partial(_sample, vocab_size=vocab),
+                              static_argnames=("num_rows", "num_sample_rows")),
+            "prompt_logprobs": jax.jit(functools.partial(_prompt_logprobs, vocab_size=vocab)),
         }
         self.compiled: dict[ProgramKey, Any] = {}
         self.compile_seconds = 0.0
@@ -71,7 +84,7 @@ class StepPrograms:
         self.used.add(key)
         program = self.compiled.get(key)
         if program is None:
-            program = self._compile(key, args)
+            program = self._compile(key, jax.tree.map(self._placed, args))
         return program(*args)
 
     def compile_all(self, params, kv) -> None:
@@ -94,7 +107,18 @@ class StepPrograms:
         return program
 
     def example_args(self, key: ProgramKey, params, kv) -> tuple:
-        """Arguments of the program's shapes (abstract where they are not the params or the pool)."""
+        """Arguments of the program's shapes (abstract where they are not the params or the pool; replicated over
+        the mesh when there is one)."""
+        return jax.tree.map(self._placed, self._example_args(key, params, kv))
+
+    def _placed(self, leaf):
+        """A host array or abstract value as the program's input: replicated over the mesh (unchanged without one;
+        device arrays keep their own placement)."""
+        if self._replicated is None or not isinstance(leaf, (jax.ShapeDtypeStruct, np.ndarray, np.generic)):
+            return leaf
+        return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=self._replicated)
+
+    def _example_args(self, key: ProgramKey, params, kv) -> tuple:
         hidden = _abstract((self.buckets.num_logits_rows, self.config.hidden_size), params_dtype(params))
         if key.kind == "forward":
             num_tokens = key.size

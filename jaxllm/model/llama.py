@@ -73,10 +73,12 @@ def forward_hidden(
     return hidden, KVCache(k=k_pool, v=v_pool)
 
 
-def compute_logits(params: LlamaParams, hidden: jax.Array) -> jax.Array:
-    """Final-normed hidden states [R, H] -> logits [R, V] float32, through the (tied or untied) LM head."""
+def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
+    """Final-normed hidden states [R, H] -> logits [R, V] float32, through the (tied or untied) LM head; the first
+    vocab_size columns when the head is padded (tensor_parallel.py pads it to a multiple of the devices)."""
     lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
-    return jax.lax.dot_general(hidden, lm_head, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    logits = jax.lax.dot_general(hidden, lm_head, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return logits if vocab_size is None or vocab_size == logits.shape[1] else logits[:, :vocab_size]
 
 
 def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig):

@@ -111,3 +111,13 @@ def params_dtype(params: LlamaParams):
 
 def param_bytes(params: LlamaParams) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+
+
+def param_bytes_per_device(params: LlamaParams) -> int:
+    """Bytes of the params on one device: the whole of a replicated or single-device array, one shard of a split
+    one (tensor_parallel.py splits them evenly)."""
+    def on_one_device(leaf) -> int:
+        shards = getattr(leaf, "addressable_shards", None)
+        return shards[0].data.nbytes if shards else leaf.size * leaf.dtype.itemsize
+
+    return sum(on_one_device(leaf) for leaf in jax.tree_util.tree_leaves(params))

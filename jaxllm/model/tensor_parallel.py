@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxllm.config import ModelConfig
 from jaxllm.model.kv_cache import KVCache
-from jaxllm.model.llama import forward_hidden
+from jaxllm.model.llama import compute_logits, forward_hidden
 from jaxllm.model.params import LayerParams, LlamaParams
 from jaxllm.model.step_batch import StepBatch
 
@@ -145,28 +145,32 @@ def init_sharded_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
 
 
 # ------------------------------------------------------------------------------------------ the forward
-def sharded_forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig, mesh: Mesh,
-                    attention: str = "reference") -> tuple[jax.Array, KVCache]:
-    """forward() over the mesh: (logits [R, V] float32, kv_cache); params from shard_params, pool from
-    init_sharded_kv_cache, the batch replicated."""
-    tp_size = mesh.size
+def sharded_forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig,
+                           mesh: Mesh, attention: str = "reference") -> tuple[jax.Array, KVCache]:
+    """forward_hidden() over the mesh: (hidden [R, H], replicated; kv_cache, split on its head axis). Params from
+    shard_params, the pool from init_sharded_kv_cache; the batch is replicated."""
     param_specs = jax.tree.map(lambda s: s.spec, param_shardings(params, mesh))
     kv_specs = KVCache(k=spec(KV_POOL_AXES), v=spec(KV_POOL_AXES))
     batch_specs = jax.tree.map(lambda _: P(), batch)
+    per_device = local_config(config, mesh.size)
 
-    # check_vma off: the attention loops carry per-device values from replicated initial ones; the logits are
-    # all-gathered, so replicated as out_specs says
+    # check_vma off: the attention loops carry per-device values from replicated initial ones; the hidden states
+    # are all-reduced, so replicated as out_specs says
     @functools.partial(jax.shard_map, mesh=mesh, in_specs=(param_specs, kv_specs, batch_specs),
                        out_specs=(P(), kv_specs), check_vma=False)
     def step(local_params, local_kv, batch):
-        hidden, local_kv = forward_hidden(local_params, local_kv, batch, config=local_config(config, tp_size),
-                                          attention=attention, reduce=_all_reduce)
-        logits = jax.lax.dot_general(hidden, local_params.lm_head, (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.float32)  # [R, V_padded / N]
-        logits = jax.lax.all_gather(logits, TP_AXIS, axis=1, tiled=True)  # [R, V_padded]
-        return logits[:, :config.vocab_size], local_kv
+        return forward_hidden(local_params, local_kv, batch, config=per_device, attention=attention,
+                              reduce=_all_reduce)
 
     return step(params, kv_cache, batch)
+
+
+def sharded_forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig, mesh: Mesh,
+                    attention: str = "reference") -> tuple[jax.Array, KVCache]:
+    """forward() over the mesh: (logits [R, V] float32, kv_cache). The LM head's vocabulary shards are joined by
+    XLA (the logits are computed per shard, then gathered)."""
+    hidden, kv_cache = sharded_forward_hidden(params, kv_cache, batch, config=config, mesh=mesh, attention=attention)
+    return compute_logits(params, hidden, config.vocab_size), kv_cache
 
 
 def _all_reduce(partial: jax.Array) -> jax.Array:

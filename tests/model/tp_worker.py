@@ -1,5 +1,6 @@
 """Run in a subprocess with 8 fake CPU devices (the device count is fixed when JAX starts): tensor-parallel
-forwards against the single-device one. Prints one JSON object: {case: max |logits difference| over the steps}.
+forwards against the single-device one. Prints one JSON object: {"CASE/tpN": {max_abs_diff of the logits over the steps,
+param_bytes and kv_bytes on one device, all_reduce count in the compiled step}}.
 
     python -m tests.model.tp_worker [--attention reference|pallas]
 """
@@ -19,7 +20,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxllm.config import ModelConfig  # noqa: E402
-from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params  # noqa: E402
+from jaxllm.model import (SequenceChunk, StepBatch, build_step_batch, init_kv_cache, jit_forward,  # noqa: E402
+                          random_params)
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
 
 BLOCK_SIZE = 4
@@ -33,8 +35,11 @@ def config(num_kv_heads: int, **overrides) -> ModelConfig:
     return ModelConfig(**{**base, **overrides})
 
 
-CASES = {"kv1": config(1), "kv2-bias-tied": config(2, qkv_bias=True, tie_word_embeddings=True, architecture="qwen2"),
-         "kv4": config(4), "kv8": config(8)}  # N = 8 replicates KV heads 8x, 4x, 2x and not at all
+CASES = {  # name -> (config, sizes N): KV heads replicated 8x (kv1), 4x and 2x (kv2), not at all (kv8)
+    "kv1": (config(1), (1, 2, 4, 8)),
+    "kv2-bias-tied": (config(2, qkv_bias=True, tie_word_embeddings=True, architecture="qwen2"), (2, 4)),
+    "kv8": (config(8), (1, 2, 4, 8)),
+}
 
 
 def steps():
@@ -45,25 +50,31 @@ def steps():
            SequenceChunk([9, 10, 11, 12, 13], 0, [8, 9])]
 
 
+def batches() -> list[StepBatch]:
+    return [jax.tree.map(jnp.asarray, build_step_batch(chunks, BLOCK_SIZE, **SIZES)) for chunks in steps()]
+
+
 def run(forward, params, kv) -> list[np.ndarray]:
     out = []
-    for chunks in steps():
-        batch = jax.tree.map(jnp.asarray, build_step_batch(chunks, BLOCK_SIZE, **SIZES))
+    for batch in batches():
         logits, kv = forward(params, kv, batch)
         out.append(np.asarray(logits))
     return out
 
 
-def layout_report(cfg: ModelConfig, n: int) -> dict:
-    """Bytes of parameters and KV pool on one device, and the collectives of the compiled step."""
+def sharded_case(cfg: ModelConfig, params, n: int, attention: str, want: list[np.ndarray]) -> dict:
+    """The sharded step compiled once (every step has the same shapes): its logits against `want`, the bytes of
+    parameters and pool on one device, and the all-reduces in its compiled HLO."""
     mesh = tp.make_mesh(n)
-    params = tp.shard_params(random_params(cfg, jax.random.key(0)), cfg, mesh)
+    params = tp.shard_params(params, cfg, mesh)
     kv = tp.init_sharded_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh)
+    compiled = tp.jit_sharded_forward(cfg, mesh, attention).lower(params, kv, batches()[0]).compile()
     on_device_0 = lambda tree: sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))  # noqa
-    batch = jax.tree.map(jnp.asarray, build_step_batch(next(steps()), BLOCK_SIZE, **SIZES))
-    hlo = tp.jit_sharded_forward(cfg, mesh).lower(params, kv, batch).compile().as_text()
-    return {"param_bytes": on_device_0(params), "kv_bytes": on_device_0(kv),
-            "all_reduce": hlo.count(" all-reduce("), "all_gather": hlo.count(" all-gather(")}
+    report = {"param_bytes": on_device_0(params), "kv_bytes": on_device_0(kv),
+              "all_reduce": compiled.as_text().count(" all-reduce(")}
+    got = run(compiled, params, kv)
+    report["max_abs_diff"] = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+    return report
 
 
 def main() -> None:
@@ -73,16 +84,12 @@ def main() -> None:
     args = parser.parse_args()
     results = {}
     for name in args.cases.split(","):
-        cfg = CASES[name]
+        cfg, sizes = CASES[name]
         params = random_params(cfg, jax.random.key(0), scale=0.1)
         want = run(jit_forward(cfg, args.attention), params, init_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE))
-        for n in tp.valid_tp_sizes(cfg, max_size=8):
-            mesh = tp.make_mesh(n)
-            got = run(tp.jit_sharded_forward(cfg, mesh, args.attention), tp.shard_params(params, cfg, mesh),
-                      tp.init_sharded_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh))
-            results[f"{name}/tp{n}"] = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
-    report = {n: layout_report(CASES["kv8"], n) for n in (1, 2, 4, 8)}
-    print(json.dumps({"max_abs_diff": results, "layout": report}))
+        for n in sizes:
+            results[f"{name}/tp{n}"] = sharded_case(cfg, params, n, args.attention, want)
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", max_model_le
                          max_num_batched_tokens=96, block_size=8, num_gpu_blocks=40, gpu_memory_utilization=0.5,
                          kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, enable_chunked_prefill=False,
                          scheduling_policy="priority", seed=7, attention="reference", warmup=True,
-                         async_scheduling=False, compilation_cache_dir="xla-cache", skip_tokenizer=True)
+                         async_scheduling=False, compilation_cache_dir="xla-cache", skip_tokenizer=True,
+                         tensor_parallel_size=2)
 
 
 def _flags(args: EngineArgs) -> list[str]:

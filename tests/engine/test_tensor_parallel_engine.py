@@ -1,0 +1,57 @@
+"""The engine with tensor_parallel_size N (fake CPU devices, in a subprocess: tests/engine/tp_engine_worker.py) gives
+the unsharded engine's greedy tokens, through chunked prefill, prefix-cache hits and preemption; the default model
+at N = 3 too, and N = 2 is refused for it (9 query heads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxllm.engine.args import EngineArgs
+
+REPO = Path(__file__).resolve().parents[2]
+# variant -> the sizes it runs at: KV heads 2 split (N = 2) and replicated (N = 4); q/k/v bias with tied
+# embeddings. (Every KV-head ratio and N = 1 are covered at the model level, tests/model/test_tensor_parallel.py.)
+VARIANTS = {"llama3": (2, 4), "qwen2": (2,)}
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model_dir) -> dict:
+    models = [f"{tiny_model_dir(v)[0]}={','.join(map(str, sizes))}" for v, sizes in VARIANTS.items()]
+    result = subprocess.run([sys.executable, "-m", "tests.engine.tp_engine_worker", *models, "--default-model"],
+                            cwd=REPO, capture_output=True, text=True, timeout=1200,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_sharded_engine_gives_the_unsharded_tokens(report, tiny_model_dir):
+    runs = {name: row for name, row in report.items() if name != "refused"}
+    expected = {f"{Path(tiny_model_dir(v)[0]).name}/tp{n}" for v, sizes in VARIANTS.items() for n in sizes}
+    assert set(runs) == expected | {"default/tp3"}
+    assert all(row["equal"] for row in runs.values()), runs
+    tiny = [row for name, row in runs.items() if not name.startswith("default")]
+    assert all(row["preempted"] > 0 and row["prefix_hits"] > 0 for row in tiny), tiny  # the workload did both
+
+
+@pytest.mark.slow
+def test_a_size_that_cannot_split_the_default_model_is_refused(report):
+    assert report["refused"]["default/tp2"] == (
+        "tensor_parallel_size 2 does not split this model's 9 query heads, 3 KV heads and MLP width 1536 evenly; "
+        "valid sizes: 1, 3")
+
+
+def test_tensor_parallel_size_is_an_engine_argument_and_a_flag():
+    from jaxllm.entrypoints.cli import build_parser
+
+    assert EngineArgs().tensor_parallel_size is None
+    for command in (["serve"], ["generate", "hi"]):
+        assert build_parser().parse_args([*command, "--tensor-parallel-size", "2"]).tensor_parallel_size == 2
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1, got 0"):
+        EngineArgs(tensor_parallel_size=0)
