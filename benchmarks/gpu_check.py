@@ -329,24 +329,28 @@ def decode_steps(config: ModelConfig, attention: str, params, step, num_blocks: 
 
 
 def section_engine(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
-    """LLMEngine with Pallas attention: warm-up of the whole program set, then a mixed workload compiling nothing."""
+    """LLMEngine with Pallas attention: warm-up of the whole program set, then a mixed workload compiling nothing;
+    with async scheduling on and off, and through the tensor-parallel code path at N = 1 (shard_map, the split
+    pool and LM head, on one device)."""
     config = dataclasses.replace(profile.engine_model, max_position_embeddings=profile.engine["max_model_len"])
     params = jax.block_until_ready(jax.jit(random_params, static_argnums=(0, 2))(config, jax.random.key(0),
                                                                                  jnp.bfloat16))
     cache = tempfile.mkdtemp(prefix="gpu-check-xla-cache-")  # the second engine loads what the first compiled
     rows = []
-    for async_scheduling in (True, False):
+    for async_scheduling, tp_size in ((True, None), (False, None), (True, 1)):
         if out_of_time(deadline, "engine"):
             return rows
-        row = {"async_scheduling": async_scheduling}
-        rows.append(measured(row, functools.partial(engine_run, profile, config, params, async_scheduling, cache)))
+        row = {"async_scheduling": async_scheduling, "tensor_parallel_size": tp_size}
+        rows.append(measured(row, functools.partial(engine_run, profile, config, params, async_scheduling, tp_size,
+                                                    cache)))
     return rows
 
 
-def engine_run(profile: Profile, config: ModelConfig, params, async_scheduling: bool, cache: str) -> dict:
+def engine_run(profile: Profile, config: ModelConfig, params, async_scheduling: bool, tp_size: int | None,
+               cache: str) -> dict:
     start = time.perf_counter()
     engine = LLMEngine(EngineArgs(skip_tokenizer=True, attention="pallas", warmup=True, compilation_cache_dir=cache,
-                                  async_scheduling=async_scheduling, **profile.engine),
+                                  async_scheduling=async_scheduling, tensor_parallel_size=tp_size, **profile.engine),
                        loaded=LoadedModel(config, params, source=None))
     warmup_s = time.perf_counter() - start
     rng = np.random.default_rng(0)
