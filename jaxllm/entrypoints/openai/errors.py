@@ -7,6 +7,7 @@ import logging
 from fastapi.responses import JSONResponse
 
 from jaxllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from jaxllm.errors import printable
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +31,6 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     body = ErrorResponse(error=ErrorInfo(message=printable(message), type=kind,
                                          param=None if param is None else printable(param), code=code or status))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
-
-
-def printable(text: str) -> str:
-    """`text` with anything that is not valid Unicode (a lone surrogate quoted from a request) escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jaxllm.errors import lone_surrogate, printable
 from jaxllm.sampling_params import SamplingParams
 
 
@@ -52,25 +53,17 @@ def lone_surrogate_path(data: Any) -> str | None:
     while stack:
         path, value = stack.pop()
         if isinstance(value, str):
-            if not value.isascii() and not _is_valid_unicode(value):
+            if not value.isascii() and lone_surrogate(value) is not None:
                 return path or "body"
         elif isinstance(value, dict):
             for key, item in value.items():
                 key_path = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and not _is_valid_unicode(key):
-                    return key_path.encode("utf-8", "backslashreplace").decode("utf-8")  # printable
+                if isinstance(key, str) and lone_surrogate(key) is not None:
+                    return printable(key_path)
                 stack.append((key_path, item))
         elif isinstance(value, list):
             stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
     return None
-
-
-def _is_valid_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class StreamOptions(OpenAIBaseModel):
