@@ -1,17 +1,24 @@
-"""Model loading: every source produces the same (ModelConfig, LlamaParams)."""
+"""Model loading: every source produces the same (ModelConfig, LlamaParams).
+
+Two halves: a loader reads its files into numpy params on the host (load_host_model), then place_model puts them on
+one device or splits them over a tensor-parallel mesh, each device receiving only its own part.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from pathlib import Path
+from typing import Callable
 
 import jax
+from jax.sharding import Mesh
 
 from jaxllm.config import ModelConfig
 from jaxllm.loaders.checkpoint_dtype import auto_dtype
 from jaxllm.loaders.gguf import load_gguf
 from jaxllm.loaders.orbax import load_checkpoint, save_checkpoint
+from jaxllm.loaders.place import place_params
 from jaxllm.loaders.resolve import ModelSource, resolve_model
 from jaxllm.loaders.safetensors import load_hf_dir
 from jaxllm.model.params import LlamaParams
@@ -24,13 +31,20 @@ class LoadedModel:
     source: ModelSource
 
 
-def load_model(model: str | os.PathLike | None = None, dtype: str = "auto") -> LoadedModel:
-    """Load `model` (None -> the default model) with params cast to `dtype`.
+def load_model(model: str | os.PathLike | None = None, dtype: str = "auto", mesh: Mesh | None = None,
+               on_placed: Callable[[str], None] | None = None) -> LoadedModel:
+    """Load `model` (None -> the default model) with params cast to `dtype`, on one device or split over `mesh`.
 
     dtype: "float32" | "bfloat16" | "float16" | "auto". "auto" is an orbax checkpoint's saved dtype; otherwise,
     on a GPU, the checkpoint's own (auto_dtype), and on any other backend float32, whose matmuls are the fast ones
-    on CPU.
+    on CPU. mesh: a tensor_parallel.make_mesh mesh; each device receives only its own part of the params.
+    on_placed(path) runs after each array is placed on its devices (place.place_params).
     """
+    return place_model(load_host_model(model, dtype), mesh, on_placed)
+
+
+def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto") -> LoadedModel:
+    """load_model's first half: the params as numpy arrays on the host, each tensor cast to `dtype` as it is read."""
     source = resolve_model(model)
     if dtype == "auto" and source.kind != "orbax":
         dtype = auto_dtype(source) if jax.default_backend() == "gpu" else "float32"
@@ -43,4 +57,12 @@ def load_model(model: str | os.PathLike | None = None, dtype: str = "auto") -> L
     return LoadedModel(config, params, source)
 
 
-__all__ = ["LoadedModel", "load_model", "resolve_model", "save_checkpoint", "load_checkpoint", "ModelSource"]
+def place_model(loaded: LoadedModel, mesh: Mesh | None = None,
+                on_placed: Callable[[str], None] | None = None) -> LoadedModel:
+    """load_model's second half: `loaded` (host params, or device params in the ordinary layout, which are
+    fetched to the host first when split) on the default device, or split over `mesh`."""
+    return dataclasses.replace(loaded, params=place_params(loaded.params, loaded.config, mesh, on_placed))
+
+
+__all__ = ["LoadedModel", "load_model", "load_host_model", "place_model", "resolve_model", "save_checkpoint",
+           "load_checkpoint", "ModelSource"]

@@ -1,8 +1,10 @@
-"""Turn a loader's named numpy tensors into LlamaParams, checking every shape against the config.
+"""Turn a loader's named numpy tensors into host LlamaParams, checking every shape against the config.
 
 Loaders map their own tensor names to (field, layer) pairs: field is a LlamaParams field or a checkpoint layer
 field (params.checkpoint_layer_shapes: q/k/v and gate/up apart, fused here after the checks),
 layer is the layer index or None for a global tensor. One place reports missing, duplicate and mis-shaped tensors.
+Each tensor is cast to the target dtype as it arrives; the params stay numpy, on the host, until
+loaders.place_model puts them on their devices (each device only its own part when they are split over a mesh).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -59,9 +60,8 @@ def assemble_params(
     if missing:
         raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    stacked = fuse_layer_tensors({field: np.stack(per) for field, per in layers.items()})
-    return LlamaParams(layers=LayerParams(**{k: jnp.asarray(v) for k, v in stacked.items()}),
-                       **{k: jnp.asarray(v) for k, v in top.items()})
+    stacked = fuse_layer_tensors({field: np.stack(per) for field, per in layers.items()})  # [L, ...] each
+    return LlamaParams(layers=LayerParams(**stacked), **top)
 
 
 def tensor_field(name: str, global_names: Mapping[str, str], layer_pattern: re.Pattern,

@@ -80,6 +80,7 @@ def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
 
 
 def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaParams]:
+    """The config and host (numpy) params, dequantized and cast to dtype tensor by tensor."""
     reader = open_gguf(path)
     config = gguf_config(reader, path)
     scaling = _field(reader, f"{_arch(reader)}.rope.scaling.type", path, "none")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxllm.config import Llama3RopeScaling, ModelConfig
@@ -52,7 +53,10 @@ def read_checkpoint_config(path: Path) -> tuple[ModelConfig, str]:
 
 
 def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None) -> tuple[ModelConfig, LlamaParams]:
-    """Restore params; `shardings` (a LlamaParams of jax.sharding.Sharding) places each array as it is read."""
+    """Restore params cast to `dtype` (None: as saved). Without `shardings` they come back as numpy arrays on the
+    host, for loaders.place_model to put on their devices (split over a mesh, each device gets only its part: the
+    saved ordinary layout is not the tensor-parallel one, so it cannot be read straight into it); `shardings` (a
+    LlamaParams of jax.sharding.Sharding) places each array as it is read instead."""
     path = Path(path).absolute()
     config, saved_dtype = read_checkpoint_config(path)
     target = abstract_params(config, numpy_dtype(dtype or saved_dtype))
@@ -60,11 +64,20 @@ def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None)
         target = jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                         target, shardings)
     try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            params = checkpointer.restore(path / "params", target)
+        return config, _restore(path / "params", target, to_host=shardings is None)
     except Exception as e:
         raise ModelLoadError(path / "params", f"cannot restore params: {e}") from e
-    return config, params
+
+
+def _restore(path: Path, target: LlamaParams, to_host: bool) -> LlamaParams:
+    """The saved pytree with target's dtypes (orbax casts each array as it reads it): numpy arrays (to_host), or
+    device arrays with target's shardings."""
+    if not to_host:
+        with ocp.StandardCheckpointer() as checkpointer:
+            return checkpointer.restore(path, target)
+    restore_args = jax.tree_util.tree_map(lambda s: ocp.RestoreArgs(restore_type=np.ndarray, dtype=s.dtype), target)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        return checkpointer.restore(path, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
 
 
 def _config_from_dict(d: dict) -> ModelConfig:

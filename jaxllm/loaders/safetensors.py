@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-import jax
 import numpy as np
 from safetensors import safe_open
 
@@ -60,6 +59,7 @@ def _generation_eos_token_ids(model_dir: Path) -> int | list[int] | None:
 
 
 def load_hf_dir(model_dir: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaParams]:
+    """The config and host (numpy) params, cast to dtype tensor by tensor."""
     config = read_hf_config(model_dir)
     files = weight_files(model_dir)
     tensors = (t for f in files for t in _read_file(f, config))
@@ -87,7 +87,7 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 def _read_file(path: Path, config: ModelConfig) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
     try:
-        with jax.default_device(jax.devices("cpu")[0]), safe_open(str(path), framework="flax") as f:
+        with safe_open(str(path), framework="numpy") as f:  # host arrays: no device sees a tensor while loading
             for name in f.keys():
                 field, layer = tensor_field(name, _GLOBAL_NAMES, _LAYER_RE, _LAYER_NAMES)
                 if field is None:
@@ -96,7 +96,7 @@ def _read_file(path: Path, config: ModelConfig) -> Iterator[tuple[str, int | Non
                     raise ModelLoadError(path, f"unexpected tensor {name!r}")
                 if field == "lm_head" and config.tie_word_embeddings:
                     continue  # tied: the output projection is the embedding
-                yield field, layer, name, np.asarray(f.get_tensor(name))
+                yield field, layer, name, f.get_tensor(name)
     except ModelLoadError:
         raise
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxllm.config import ModelConfig
+from jaxllm.model import weights
 
 
-def linear(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """x [..., K] @ w[N, K].T (+ b [N]) -> [..., N] in x.dtype, accumulated in float32."""
-    y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+def linear(x: jax.Array, w: Any, b: jax.Array | None = None) -> jax.Array:
+    """x [..., K] @ w[N, K].T (+ b [N]) -> [..., N] in x.dtype, accumulated in float32. `w` is any weight format
+    (weights.py: a dense array, or a WeightFormat that does its own dot); the layers never look at it."""
+    y = weights.dot(x, w)
     if b is not None:
         y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)
@@ -26,7 +29,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
-def swiglu(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
+def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any) -> jax.Array:
     """down(silu(gate(x)) * up(x)); x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]."""
     gate, up = jnp.split(linear(x, w_gate_up), 2, axis=-1)  # [T, F] each
     return linear(jax.nn.silu(gate) * up, w_down)

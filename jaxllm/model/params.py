@@ -1,6 +1,8 @@
 """The parameter pytree every loader produces: layer weights stacked on a leading [L] axis for lax.scan.
 
 Linear weights keep the Hugging Face [out, in] layout and are applied as x @ w.T (fast on CPU, see layers.linear).
+A linear weight field holds any weight format (weights.py): a dense array, as every loader produces, or a
+WeightFormat whose leaves all carry the same leading [L] axis; the shapes below are those of the dense weight.
 Projections that read the same input are stored fused along the output axis, so each is one larger matmul:
 q|k|v -> w_qkv and gate|up -> w_gate_up. Checkpoints hold them apart (CHECKPOINT_LAYER_FIELDS); the loaders
 check those and `fuse_layer_tensors` joins them.
@@ -8,7 +10,7 @@ check those and `fuse_layer_tensors` joins them.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -17,15 +19,17 @@ from flax import struct
 
 from jaxllm.config import ModelConfig
 
+Weight = Any  # a linear layer's weight: a dense array or a weights.WeightFormat (layers.linear takes either)
+
 
 @struct.dataclass
 class LayerParams:  # every leaf has a leading [L] axis
     attn_norm: jax.Array  # [L, H]
-    w_qkv: jax.Array  # [L, (Hq + 2*Hkv)*D, H]: rows q, then k, then v
-    wo: jax.Array  # [L, H, Hq*D]
+    w_qkv: Weight  # [L, (Hq + 2*Hkv)*D, H]: rows q, then k, then v
+    wo: Weight  # [L, H, Hq*D]
     mlp_norm: jax.Array  # [L, H]
-    w_gate_up: jax.Array  # [L, 2*F, H]: rows gate, then up
-    w_down: jax.Array  # [L, H, F]
+    w_gate_up: Weight  # [L, 2*F, H]: rows gate, then up
+    w_down: Weight  # [L, H, F]
     b_qkv: Optional[jax.Array] = None  # [L, (Hq + 2*Hkv)*D]  (Qwen2)
 
 
@@ -105,8 +109,9 @@ def random_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale:
 
 
 def params_dtype(params: LlamaParams):
-    """The dtype every weight is stored in."""
-    return jax.tree_util.tree_leaves(params)[0].dtype
+    """The dtype activations run in: the embedding table's (dense in every format; a packed weight's leaves may
+    be integers)."""
+    return params.embed.dtype
 
 
 def param_bytes(params: LlamaParams) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxllm.config import ModelConfig
+from jaxllm.model import weights
 from jaxllm.model.kv_cache import KVCache
 from jaxllm.model.llama import compute_logits, forward_hidden
 from jaxllm.model.params import LayerParams, LlamaParams
@@ -85,53 +87,75 @@ def local_config(config: ModelConfig, tp_size: int) -> ModelConfig:
 
 # ------------------------------------------------------------------------------------------ weight layout
 def shard_major_params(params: LlamaParams, config: ModelConfig, tp_size: int) -> LlamaParams:
-    """Ordinary-layout params -> the shard-major layout above (an explicit, vocab-padded lm_head when tied)."""
-    layers = params.layers
-    fused = {"w_qkv": _qkv_rows(layers.w_qkv, config, tp_size),
-             "w_gate_up": _gate_up_rows(layers.w_gate_up, config, tp_size)}
-    if layers.b_qkv is not None:
-        fused["b_qkv"] = _qkv_rows(layers.b_qkv, config, tp_size)
+    """Ordinary-layout params -> the shard-major layout above (an explicit, vocab-padded lm_head when tied).
+
+    The layout is a host-side row index per fused weight, applied with weights.take_rows: it lays out any weight
+    format, numpy params on the host (the loaders' path) and device params alike."""
+    layers, fused = params.layers, {}
+    if tp_size > 1:  # at N = 1 the shard-major layout is the ordinary one
+        qkv, gate_up = qkv_rows(config, tp_size), gate_up_rows(config, tp_size)
+        fused = {"w_qkv": weights.take_rows(layers.w_qkv, qkv, axis=1),
+                 "w_gate_up": weights.take_rows(layers.w_gate_up, gate_up, axis=1)}
+        if layers.b_qkv is not None:
+            fused["b_qkv"] = weights.take_rows(layers.b_qkv, qkv, axis=1)
     lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
-    padding = -config.vocab_size % tp_size
-    lm_head = jnp.pad(lm_head, ((0, padding), (0, 0)))
+    xp = np if isinstance(lm_head, np.ndarray) else jnp
+    lm_head = xp.pad(lm_head, ((0, -config.vocab_size % tp_size), (0, 0)))  # [V padded to a multiple of N, H]
     return params.replace(layers=layers.replace(**fused), lm_head=lm_head)
 
 
-def _qkv_rows(w: jax.Array, config: ModelConfig, tp_size: int) -> jax.Array:
-    """w [L, (Hq + 2*Hkv)*D, ...] (q, k, v rows) -> [L, N * (Hq/N + 2*Hkv_local)*D, ...], device by device."""
+def qkv_rows(config: ModelConfig, tp_size: int) -> np.ndarray:
+    """[N * (Hq/N + 2*Hkv_local)*D] rows of the fused q|k|v axis, device by device: device s holds its query
+    heads' rows, then its KV heads' k rows, then their v rows (a KV head shared by devices is repeated)."""
     d, hq, hkv = config.head_dim, config.num_heads, config.num_kv_heads
-    q, k, v = jnp.split(w, [hq * d, (hq + hkv) * d], axis=1)
     q_per, kv_per = hq // tp_size, kv_heads_per_device(config, tp_size)
+    k_start, v_start = hq * d, (hq + hkv) * d
     rows = []
     for s in range(tp_size):
         first_kv = (s * q_per) // (hq // hkv)  # the KV head of this device's first query head
-        kv = slice(first_kv * d, (first_kv + kv_per) * d)
-        rows += [q[:, s * q_per * d:(s + 1) * q_per * d], k[:, kv], v[:, kv]]
-    return jnp.concatenate(rows, axis=1)
+        kv = np.arange(first_kv * d, (first_kv + kv_per) * d)
+        rows += [np.arange(s * q_per * d, (s + 1) * q_per * d), k_start + kv, v_start + kv]
+    return np.concatenate(rows)
 
 
-def _gate_up_rows(w: jax.Array, config: ModelConfig, tp_size: int) -> jax.Array:
-    """w [L, 2F, H] (gate, up rows) -> [L, N * 2F/N, H]: device s holds its gate rows, then its up rows."""
-    gate, up = jnp.split(w, 2, axis=1)
-    per = config.intermediate_size // tp_size
-    return jnp.concatenate([part[:, s * per:(s + 1) * per] for s in range(tp_size) for part in (gate, up)], axis=1)
+def gate_up_rows(config: ModelConfig, tp_size: int) -> np.ndarray:
+    """[2F] rows of the fused gate|up axis, device by device: device s holds its gate rows, then its up rows."""
+    f = config.intermediate_size
+    per = f // tp_size
+    return np.concatenate([start + np.arange(s * per, (s + 1) * per) for s in range(tp_size) for start in (0, f)])
 
 
 def param_shardings(params: LlamaParams, mesh: Mesh) -> LlamaParams:
-    """A NamedSharding per parameter, from PARAM_AXES and AXIS_RULES."""
-    def sharding(name: str) -> NamedSharding:
-        return NamedSharding(mesh, spec(PARAM_AXES[name]))
+    """A NamedSharding per parameter leaf, from PARAM_AXES and AXIS_RULES; a weight format's leaves each get theirs
+    from its weights.leaf_axes."""
+    def shardings(name: str, w):
+        axes = weights.leaf_axes(w, PARAM_AXES[name])
+        return jax.tree.map(lambda a: NamedSharding(mesh, spec(a)), axes, is_leaf=weights.is_axes)
 
-    layer_fields = {f.name: sharding(f.name) for f in dataclasses.fields(LayerParams)
-                    if getattr(params.layers, f.name) is not None}
-    return LlamaParams(embed=sharding("embed"), layers=LayerParams(**layer_fields),
-                       final_norm=sharding("final_norm"), lm_head=sharding("lm_head"))
+    def per_field(tree) -> dict:
+        return {f.name: shardings(f.name, getattr(tree, f.name)) for f in dataclasses.fields(tree)
+                if f.name != "layers" and getattr(tree, f.name) is not None}
+
+    return LlamaParams(layers=LayerParams(**per_field(params.layers)), **per_field(params))
 
 
-def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh) -> LlamaParams:
-    """Params laid out shard-major and placed on the mesh, each device holding its part."""
-    laid_out = shard_major_params(params, config, mesh.size)
-    return jax.device_put(laid_out, param_shardings(laid_out, mesh))
+def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh,
+                 on_placed: Callable[[str], None] | None = None) -> LlamaParams:
+    """Params laid out shard-major and placed on the mesh, each device receiving only its own slice.
+
+    The layout is computed on the host (device params are fetched first), so a device never holds more than its
+    share: no whole-model copy, no relaid copy. Each array is built with jax.make_array_from_callback from its
+    global shape: every process fills only its own devices, so this also places params over a mesh that spans
+    processes. on_placed(path) runs after each array is placed (load-memory measurements sample there)."""
+    laid_out = shard_major_params(jax.device_get(params), config, mesh.size)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(laid_out)
+    shardings = treedef.flatten_up_to(param_shardings(laid_out, mesh))
+    placed = []
+    for (path, host), sharding in zip(leaves, shardings):
+        placed.append(jax.make_array_from_callback(host.shape, sharding, lambda index, host=host: host[index]))
+        if on_placed is not None:
+            on_placed(jax.tree_util.keystr(path))
+    return treedef.unflatten(placed)
 
 
 def init_sharded_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, mesh: Mesh,

@@ -1,0 +1,74 @@
+"""Weight formats: the one place that knows how a linear layer's weight is stored and multiplied.
+
+Layer code calls layers.linear(x, w) and never asks what `w` is. A dense weight is a plain array [N, K] (the Hugging
+Face [out, in] layout, as loaders and checkpoints store it). Every other format (packed int4 with scales, a weight
+with a LoRA delta, ...) is a WeightFormat subclass: a pytree whose leaves are arrays, each keeping the dense
+weight's leading axes, so lax.scan slices a layer-stacked [L, ...] format per layer like any other parameter.
+
+A format answers three questions, and the module functions below ask them of dense arrays and formats alike:
+    dot(x, w)               x [..., K] -> [..., N] float32: the matmul, accumulated in float32
+    take_rows(w, index, a)  w with its output rows (on axis a) selected in `index` order: the tensor-parallel
+                            shard-major layout, computed once as a row index, lays out any format
+    leaf_axes(w, axes)      the logical axis names of each of w's leaves, given those of the dense weight: the
+                            sharding rules table (tensor_parallel.PARAM_AXES) then places any format's leaves
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+Axes = tuple  # logical axis names of one array, e.g. ("layers", "heads", "embed")
+
+
+class WeightFormat(struct.PyTreeNode):
+    """Base of the non-dense formats. Subclasses declare their array fields (each a leaf, as in a flax struct
+    dataclass) and implement the three methods; a format stands for a dense weight [..., N, K]."""
+
+    def dot(self, x: jax.Array) -> jax.Array:
+        """x [..., K] -> x @ W.T [..., N] in float32."""
+        raise NotImplementedError(f"{type(self).__name__}.dot")
+
+    def take_rows(self, index: np.ndarray, axis: int) -> WeightFormat:
+        """The same format standing for W's rows `index` on `axis` (the N axis: 1 when layer-stacked [L, N, K])."""
+        raise NotImplementedError(f"{type(self).__name__}.take_rows")
+
+    def leaf_axes(self, axes: Axes) -> WeightFormat:
+        """The same class with each leaf replaced by its logical axis names; `axes` are the dense W's."""
+        raise NotImplementedError(f"{type(self).__name__}.leaf_axes")
+
+
+def dot(x: jax.Array, w: Any) -> jax.Array:
+    """x [..., K] @ w.T -> [..., N] float32, whatever w's format."""
+    if isinstance(w, WeightFormat):
+        return w.dot(x)
+    return dense_dot(x, w)
+
+
+def dense_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., K] @ w[N, K].T -> [..., N], accumulated in float32 (w stored [N, K] is the fast layout on CPU)."""
+    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (w.ndim - 1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def take_rows(w: Any, index: np.ndarray, axis: int) -> Any:
+    """w with the rows `index` (host ints, repeats allowed) of its `axis`; numpy stays numpy, a device array stays
+    on its device."""
+    if isinstance(w, WeightFormat):
+        return w.take_rows(index, axis)
+    return w[(slice(None),) * axis + (np.asarray(index),)]
+
+
+def leaf_axes(w: Any, axes: Axes) -> Any:
+    """A pytree shaped like w whose leaves are the logical axis names of w's leaves (map over it with
+    is_leaf=is_axes: a tuple of names is one leaf)."""
+    if isinstance(w, WeightFormat):
+        return w.leaf_axes(axes)
+    return tuple(axes)
+
+
+def is_axes(node: Any) -> bool:
+    return isinstance(node, tuple)
