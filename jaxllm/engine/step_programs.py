@@ -44,14 +44,22 @@ def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, *, config, at
     return sharded_forward_hidden(params, kv, batch, config=config, mesh=mesh, attention=attention)
 
 
-def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sample_rows: int, vocab_size: int):
-    out = sample(compute_logits(params, hidden[:num_rows], vocab_size), sampling)  # logits [S, V]
+def _logits(params, hidden, vocab_size: int, replicated: NamedSharding | None) -> jax.Array:
+    """[R, V] float32. With a mesh the LM head is split over the vocabulary: gather the logits once here, or XLA
+    partitions the sampler's vocabulary reductions into many small collectives (some in every top-p pass)."""
+    logits = compute_logits(params, hidden, vocab_size)
+    return logits if replicated is None else jax.lax.with_sharding_constraint(logits, replicated)
+
+
+def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sample_rows: int, vocab_size: int,
+            replicated: NamedSharding | None):
+    out = sample(_logits(params, hidden[:num_rows], vocab_size, replicated), sampling)  # logits [S, V]
     return out, jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
 
 
-def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int):
+def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int, replicated: NamedSharding | None):
     rows = jax.lax.dynamic_slice_in_dim(hidden, first_row, targets.shape[0])  # [P, H]
-    logprobs = jax.nn.log_softmax(compute_logits(params, rows, vocab_size), axis=-1)  # [P, V]
+    logprobs = jax.nn.log_softmax(_logits(params, rows, vocab_size, replicated), axis=-1)  # [P, V]
     target = jnp.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
     rank = 1 + jnp.sum(logprobs > target[:, None], axis=-1, dtype=jnp.int32)
     top_lp, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[1]))
@@ -72,9 +80,10 @@ class StepPrograms:
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, config=config, attention=attention, mesh=mesh),
                                donate_argnums=(1,)),
-            "sample": jax.jit(functools.partial(_sample, vocab_size=vocab),
+            "sample": jax.jit(functools.partial(_sample, vocab_size=vocab, replicated=self._replicated),
                               static_argnames=("num_rows", "num_sample_rows")),
-            "prompt_logprobs": jax.jit(functools.partial(_prompt_logprobs, vocab_size=vocab)),
+            "prompt_logprobs": jax.jit(functools.partial(_prompt_logprobs, vocab_size=vocab,
+                                                         replicated=self._replicated)),
         }
         self.compiled: dict[ProgramKey, Any] = {}
         self.compile_seconds = 0.0

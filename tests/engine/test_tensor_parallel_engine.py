@@ -15,9 +15,11 @@ import pytest
 from jaxllm.engine.args import EngineArgs
 
 REPO = Path(__file__).resolve().parents[2]
-# variant -> the sizes it runs at: KV heads 2 split (N = 2) and replicated (N = 4); q/k/v bias with tied
-# embeddings. (Every KV-head ratio and N = 1 are covered at the model level, tests/model/test_tensor_parallel.py.)
-VARIANTS = {"llama3": (2, 4), "qwen2": (2,)}
+# variant -> the sizes it runs at, every architecture: Llama 3 KV heads 2 split (N = 2) and replicated (N = 4);
+# Llama 2 MHA split to one KV head per device; Mistral's one KV head replicated; q/k/v bias with tied embeddings
+# (Qwen2). (Every KV-head ratio at N = 1, 2, 4, 8 is covered at the model
+# level, tests/model/test_tensor_parallel.py.)
+VARIANTS = {"llama3": (2, 4), "llama2": (4,), "mistral": (4,), "qwen2": (2,)}
 
 
 @pytest.fixture(scope="module")

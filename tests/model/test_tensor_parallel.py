@@ -1,6 +1,8 @@
 """Tensor parallelism of the forward (jaxllm/model/tensor_parallel.py): equal logits at N = 1, 2, 4, 8 on fake CPU
-devices (a subprocess: the device count is fixed when JAX starts), the shard-major layout, per-device bytes, two
-all-reduces per layer, and clear errors for sizes that cannot split the model."""
+devices (subprocesses: the device count is fixed when JAX starts), with the reference attention and with the Pallas
+kernels in interpret mode under shard_map; the sharded step and the engine's programs over a mesh lowered for CUDA
+with the Triton kernels; the shard-major layout, per-device bytes, two all-reduces per layer, and clear errors for
+sizes that cannot split the model."""
 
 from __future__ import annotations
 
@@ -17,24 +19,70 @@ import pytest
 
 from jaxllm.model import random_params
 from jaxllm.model import tensor_parallel as tp
-from tests.model.tp_worker import CASES, config
+from tests.model.tp_worker import BLOCK_SIZE, CASES, NUM_BLOCKS, SIZES, config
 
 REPO = Path(__file__).resolve().parents[2]
 LOGITS_TOLERANCE = 1e-5  # float32: only the order of the sums over devices differs
+# interpret mode costs ~5 s per sharded run: KV heads replicated (kv1) at N = 1, 2, 8 and split (kv2) at N = 2
+PALLAS_RUNS = ("kv1/tp1", "kv1/tp2", "kv1/tp8", "kv2-bias-tied/tp2")
+
+
+def run_worker(module: str, *args: str) -> dict:
+    """The JSON object a worker module prints, run in a subprocess (it sets its own fake device count)."""
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def worker_report() -> dict:
-    result = subprocess.run([sys.executable, "-m", "tests.model.tp_worker"], cwd=REPO, capture_output=True,
-                            text=True, timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_worker("tests.model.tp_worker")
+
+
+@pytest.fixture(scope="module")
+def lowering_report() -> dict:
+    return run_worker("tests.model.tp_lowering_worker")
 
 
 def test_sharded_logits_equal_one_device(worker_report):
     assert set(worker_report) == {f"{case}/tp{n}" for case, (_, sizes) in CASES.items() for n in sizes}
     diffs = {name: row["max_abs_diff"] for name, row in worker_report.items()}
     assert max(diffs.values()) < LOGITS_TOLERANCE, diffs
+
+
+def test_sharded_logits_equal_one_device_with_pallas_kernels_in_interpret_mode():
+    """The ragged kernel (mixed steps) and the split-KV kernel (a decode-only step) on each device's heads."""
+    report = run_worker("tests.model.tp_worker", "--attention", "pallas", "--only", ",".join(PALLAS_RUNS))
+    assert set(report) == set(PALLAS_RUNS)
+    diffs = {name: row["max_abs_diff"] for name, row in report.items()}
+    assert max(diffs.values()) < LOGITS_TOLERANCE, diffs
+    assert all(row["all_reduce"] == 2 for row in report.values()), report
+
+
+def test_sharded_step_lowers_for_cuda_with_the_triton_kernels_on_local_shapes(lowering_report):
+    """One Triton call per step (it sits in the scanned layer body), traced on the device's share: its query heads
+    and its part of the pool; the layer's two all-reduces around it."""
+    forwards = {name: row for name, row in lowering_report.items() if name.startswith("forward-")}
+    assert len(forwards) == 8, sorted(lowering_report)
+    for name, row in forwards.items():
+        case, n = name.split("/")[1], int(name.split("/tp")[1])
+        cfg = CASES[case][0]
+        hq, hkv = cfg.num_heads // n, tp.kv_heads_per_device(cfg, n)
+        assert (row["triton"], row["all_reduce"]) == (1, 2), (name, row)
+        q = f"tensor<{SIZES['num_tokens']}x{hq}x{cfg.head_dim}xf32>"  # [T, Hq/N, D]
+        pool = f"tensor<{cfg.num_layers}x{NUM_BLOCKS}x{hkv}x{BLOCK_SIZE}x{cfg.head_dim}xf32>"  # [L, NB, Hkv/N, B, D]
+        assert {q, pool} <= set(row["kernel_operands"][0]), (name, row["kernel_operands"])
+
+
+def test_engine_step_programs_over_a_mesh_lower_for_cuda(lowering_report):
+    """Every program of the engine's bucket set (StepPrograms with a mesh): forwards with a Triton kernel and two
+    all-reduces, the sampler and prompt logprobs on the vocabulary-split LM head."""
+    programs = {name: row for name, row in lowering_report.items() if not name.startswith("forward-")}
+    assert len(programs) == 33, sorted(programs)  # 11 programs x (kv8 at N = 1, as gpu_check runs it; kv1, kv8 at 2)
+    for name, row in programs.items():
+        want = (1, 2) if name.startswith("forward") else (0, 0)
+        assert (row["triton"], row["all_reduce"]) == want, (name, row)
 
 
 def test_each_device_holds_its_share_and_a_layer_all_reduces_twice(worker_report):

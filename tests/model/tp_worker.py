@@ -2,7 +2,10 @@
 forwards against the single-device one. Prints one JSON object: {"CASE/tpN": {max_abs_diff of the logits over the steps,
 param_bytes and kv_bytes on one device, all_reduce count in the compiled step}}.
 
-    python -m tests.model.tp_worker [--attention reference|pallas]
+    python -m tests.model.tp_worker [--attention reference|pallas] [--only kv1/tp2,kv8/tp1,...]
+
+With --attention pallas the Pallas kernels run in interpret mode under shard_map: the ragged kernel on the mixed
+steps, the split-KV kernel on the decode-only one.
 """
 
 from __future__ import annotations
@@ -42,37 +45,44 @@ CASES = {  # name -> (config, sizes N): KV heads replicated 8x (kv1), 4x and 2x 
 }
 
 
-def steps():
-    """Three steps over the pool: two prefills (one chunked), then a chunk continuing one and a decode."""
+def steps(attention: str):
+    """Steps over the pool: two prefills (one chunked), then a chunk continuing one and a decode; on the Pallas path
+    a decode-only step too (batch.decode_only picks the split-KV kernel; the reference ignores the flag, so the
+    step would only cost the reference runs a second compile)."""
     yield [SequenceChunk(list(range(3, 14)), 0, [1, 2, 3], "all"), SequenceChunk([7, 8, 9], 0, [4])]
     yield [SequenceChunk(list(range(40, 46)), 11, [1, 2, 3, 5, 6], [0, 5]), SequenceChunk([21], 3, [4])]
     yield [SequenceChunk([30], 17, [1, 2, 3, 5, 6]), SequenceChunk([22], 4, [4, 7]),
            SequenceChunk([9, 10, 11, 12, 13], 0, [8, 9])]
+    if attention == "pallas":
+        yield [SequenceChunk([31], 18, [1, 2, 3, 5, 6]), SequenceChunk([23], 5, [4, 7]),
+               SequenceChunk([14], 5, [8, 9])]
 
 
-def batches() -> list[StepBatch]:
-    return [jax.tree.map(jnp.asarray, build_step_batch(chunks, BLOCK_SIZE, **SIZES)) for chunks in steps()]
+def batches(attention: str = "reference") -> list[StepBatch]:
+    return [jax.tree.map(jnp.asarray, build_step_batch(chunks, BLOCK_SIZE, **SIZES)) for chunks in steps(attention)]
 
 
-def run(forward, params, kv) -> list[np.ndarray]:
+def run(forward, params, kv, attention: str) -> list[np.ndarray]:
     out = []
-    for batch in batches():
+    for batch in batches(attention):
         logits, kv = forward(params, kv, batch)
         out.append(np.asarray(logits))
     return out
 
 
 def sharded_case(cfg: ModelConfig, params, n: int, attention: str, want: list[np.ndarray]) -> dict:
-    """The sharded step compiled once (every step has the same shapes): its logits against `want`, the bytes of
-    parameters and pool on one device, and the all-reduces in its compiled HLO."""
+    """The sharded step (compiled once per kind of step: mixed, and decode-only on the Pallas path): its logits
+    against `want`, the bytes of parameters and pool on one device, and the all-reduces in its compiled HLO (jit
+    reuses that compile)."""
     mesh = tp.make_mesh(n)
     params = tp.shard_params(params, cfg, mesh)
     kv = tp.init_sharded_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh)
-    compiled = tp.jit_sharded_forward(cfg, mesh, attention).lower(params, kv, batches()[0]).compile()
+    forward = tp.jit_sharded_forward(cfg, mesh, attention)
+    compiled = forward.lower(params, kv, batches()[0]).compile()
     on_device_0 = lambda tree: sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))  # noqa
     report = {"param_bytes": on_device_0(params), "kv_bytes": on_device_0(kv),
               "all_reduce": compiled.as_text().count(" all-reduce(")}
-    got = run(compiled, params, kv)
+    got = run(forward, params, kv, attention)
     report["max_abs_diff"] = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
     return report
 
@@ -80,13 +90,17 @@ def sharded_case(cfg: ModelConfig, params, n: int, attention: str, want: list[np
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--attention", default="reference")
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--only", default="", help="comma-separated CASE/tpN runs (default: every case and size)")
     args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
     results = {}
-    for name in args.cases.split(","):
-        cfg, sizes = CASES[name]
+    for name, (cfg, sizes) in CASES.items():
+        sizes = [n for n in sizes if not only or f"{name}/tp{n}" in only]
+        if not sizes:
+            continue
         params = random_params(cfg, jax.random.key(0), scale=0.1)
-        want = run(jit_forward(cfg, args.attention), params, init_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE))
+        want = run(jit_forward(cfg, args.attention), params, init_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE),
+                   args.attention)
         for n in sizes:
             results[f"{name}/tp{n}"] = sharded_case(cfg, params, n, args.attention, want)
     print(json.dumps(results))
