@@ -66,7 +66,7 @@ class LLM:
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        bar = _progress_bar(len(ids)) if use_tqdm else None
+        bar = _progress_bar(len(ids)) if use_tqdm and self.engine.process_index == 0 else None  # one bar
         generated = 0
         try:
             while self.engine.has_unfinished_requests():

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxllm.config import CacheConfig, SchedulerConfig
+from jaxllm.engine import distributed
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.model.attention import ATTENTION_BACKENDS
 from jaxllm.model.kv_cache import kv_cache_bytes
@@ -36,7 +37,8 @@ XLA_DEFAULT_MEM_FRACTION = 0.75
 XLA_MEM_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # new name, old name
 # at least this many (field: minimum), checked when the field is set
 MINIMUMS = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
-            "num_gpu_blocks": 2, "kv_cache_memory_bytes": 1, "tensor_parallel_size": 1}
+            "num_gpu_blocks": 2, "kv_cache_memory_bytes": 1, "tensor_parallel_size": 1,
+            "num_processes": 1, "process_id": 0}
 
 
 def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -79,7 +81,14 @@ class EngineArgs:
     skip_tokenizer: bool = _arg(False, "load no tokenizer: prompts must be token ids, outputs carry no text")
     tensor_parallel_size: int | None = _arg(None, "devices the model is split over (query heads, KV heads, MLP "
                                                   "columns, vocabulary); unset: one device, unsharded; 1 runs the "
-                                                  "sharded code path on one device")
+                                                  "sharded code path on one device; with several processes "
+                                                  "it must be (and unset it is) every device of every process")
+    num_processes: int | None = _arg(None, "processes (one per host) that run the model together; unset: "
+                                           f"${distributed.ENVIRONMENT['num_processes']}, else 1")
+    process_id: int | None = _arg(None, "this process's index, 0 to num_processes - 1 (0 serves HTTP); unset: "
+                                        f"${distributed.ENVIRONMENT['process_id']}")
+    coordinator_address: str | None = _arg(None, "host:port of process 0, where the processes meet; unset: "
+                                                 f"${distributed.ENVIRONMENT['coordinator_address']}")
 
     @classmethod
     def from_cli_args(cls, namespace, **overrides) -> "EngineArgs":
@@ -94,6 +103,7 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and value < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        self.process_group()  # num_processes, process_id and coordinator_address (or their variables) agree
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -112,6 +122,10 @@ class EngineArgs:
             if not any(_holds(value, t) for t in allowed):
                 names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
                 raise ValueError(f"{name} must be {names}, got {value!r}")
+
+    def process_group(self) -> distributed.ProcessGroup:
+        """The processes this one runs the model with (the fields, else their environment variables)."""
+        return distributed.process_group(self.num_processes, self.process_id, self.coordinator_address)
 
     def enable_compilation_cache(self) -> None:
         if self.compilation_cache_dir is not None:
@@ -172,7 +186,7 @@ class EngineArgs:
         gpu_memory_utilization share and bytes_limit: with the defaults, 0.9 of the device is more than the 0.75
         XLA allows, and the allocator's limit is what the weights, the KV cache and activations must fit in.
         """
-        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+        limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
         if limit is None:
             raise ValueError("cannot read the GPU's memory size; pass num_gpu_blocks or kv_cache_memory_bytes")
         wanted = limit / xla_memory_fraction() * self.gpu_memory_utilization

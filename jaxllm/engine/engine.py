@@ -22,6 +22,8 @@ from collections import deque
 from typing import Any, Sequence
 
 from jaxllm.config import merge_token_ids
+from jaxllm.errors import lone_surrogate
+from jaxllm.engine import distributed
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.block_pool import BlockPool
 from jaxllm.engine.kv_cache_manager import KVCacheManager
@@ -37,11 +39,15 @@ PromptType = str | Sequence[int] | dict
 
 class LLMEngine:
     def __init__(self, args: EngineArgs, loaded=None, tokenizer=None):
-        from jaxllm.loaders import load_model
         from jaxllm.tokenizer import load_tokenizer
 
         args.enable_compilation_cache()
-        self.loaded = loaded if loaded is not None else load_model(args.model, dtype=args.dtype)
+        group = args.process_group()
+        distributed.initialize(group)  # before JAX starts: several processes join first
+        args = dataclasses.replace(args, tensor_parallel_size=distributed.tensor_parallel_size(
+            args.tensor_parallel_size, group))
+        self.process_index = distributed.process_index()  # 0 unless several processes run the model
+        self.loaded = loaded if loaded is not None else _load(args)
         self.mesh = None
         if args.tensor_parallel_size is not None:  # split the params over a mesh before the pool is sized
             self.mesh, self.loaded = _shard(self.loaded, args.tensor_parallel_size)
@@ -49,6 +55,8 @@ class LLMEngine:
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
         self.scheduler_config, self.cache_config = args.resolve(self.loaded)
+        self.cache_config = dataclasses.replace(  # every process's pool must have the same shape
+            self.cache_config, num_blocks=distributed.agree_on_minimum(self.cache_config.num_blocks))
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
@@ -166,7 +174,9 @@ class LLMEngine:
         elif isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer; pass prompt_token_ids instead")
-            _check_unicode(prompt)
+            if (position := lone_surrogate(prompt)) is not None:
+                raise ValueError(f"prompt holds {prompt[position]!r} at position {position}, a lone UTF-16 "
+                                 f"surrogate: not valid Unicode")
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
@@ -209,21 +219,23 @@ class LLMEngine:
         }
 
 
-def _check_unicode(text: str) -> None:
-    """Raise ValueError if `text` cannot be encoded (a lone UTF-16 surrogate), which tokenizers fail on."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"prompt holds {text[e.start:e.end]!r} at position {e.start}, a lone UTF-16 surrogate: "
-                         f"not valid Unicode") from e
+def _load(args: EngineArgs):
+    """The model on one device; on the host when it is to be split over a mesh (_shard places it)."""
+    from jaxllm.loaders import load_host_model, load_model
+
+    return (load_model if args.tensor_parallel_size is None else load_host_model)(args.model, dtype=args.dtype)
 
 
 def _shard(loaded, tp_size: int):
-    """(the mesh of tp_size devices, `loaded` with its params split over it); ValueError for sizes that cannot work."""
+    """(the mesh of tp_size devices, `loaded` with its params split over it); ValueError for sizes that cannot work.
+
+    Each device receives only its own part, from the host (params already on a device are fetched first): no
+    device holds the whole model on the way."""
     import jax
 
+    from jaxllm.loaders import place_model
     from jaxllm.model import tensor_parallel
 
     tensor_parallel.check_tp_size(loaded.config, tp_size, len(jax.devices()))
     mesh = tensor_parallel.make_mesh(tp_size)
-    return mesh, dataclasses.replace(loaded, params=tensor_parallel.shard_params(loaded.params, loaded.config, mesh))
+    return mesh, place_model(loaded, mesh)

@@ -244,19 +244,31 @@ async def _detokenize(serving: ChatServing, request: DetokenizeRequest) -> dict:
 def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
+    import jax
+
     from jaxllm.engine.engine import LLMEngine
+    from jaxllm.engine.multiprocess_engine import LeaderEngine, follow
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # SIGTERM is the normal way to stop the server: uvicorn handles it while serving (graceful shutdown) and
     # re-raises it afterwards, which this handler turns into a clean exit (status 0), as it does during loading.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     engine = LLMEngine(engine_args(args))
+    if jax.process_count() > 1:  # several processes run the model: process 0 serves, the others follow it
+        if jax.process_index() > 0:
+            follow(engine)
+            return 0
+        engine = LeaderEngine(engine)
     app = build_app(engine, served_names(args), api_key=args.api_key, max_queue_len=args.max_queue_len,
                     max_body_bytes=args.max_body_bytes, limits=RequestLimits(args.max_n, args.max_request_sequences),
                     stall_timeout_s=args.engine_stall_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        if isinstance(engine, LeaderEngine):
+            engine.stop()
     return 0
 
 

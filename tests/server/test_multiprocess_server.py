@@ -1,0 +1,56 @@
+"""`jaxllm serve` on two processes (jax.distributed on CPU): process 0 serves HTTP and broadcasts each step's new
+requests; process 1 follows (jaxllm/engine/multiprocess_engine.py). Concurrent requests get the tokens one process
+gives, and stopping the server releases the follower."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.server.conftest import SERVED_NAME, ServerProcess, free_port
+
+FLAGS = ("--max-num-seqs", "4", "--max-model-len", "128", "--max-num-batched-tokens", "32", "--no-warmup")
+PROMPTS = ["The capital of France is", "One, two, three,", "def fibonacci(n):", "Hello"]
+
+
+@pytest.mark.slow
+def test_two_processes_serve_the_tokens_of_one(tiny_model_with_tokenizer, tmp_path):
+    from jaxllm.llm import LLM
+    from jaxllm.sampling_params import SamplingParams
+
+    address = f"127.0.0.1:{free_port()}"
+    group = ("--num-processes", "2", "--coordinator-address", address)
+    follower_log = open(tmp_path / "follower.log", "w")
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "jaxllm.entrypoints.cli", "serve", str(tiny_model_with_tokenizer), *FLAGS, *group,
+         "--process-id", "1", "--log-level", "warning"],
+        stdout=follower_log, stderr=subprocess.STDOUT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    try:
+        leader = ServerProcess(tiny_model_with_tokenizer, tmp_path / "leader.log", *FLAGS, *group,
+                               "--process-id", "0", via_cli=True)
+        try:
+            with ThreadPoolExecutor(len(PROMPTS)) as pool:
+                served = list(pool.map(lambda prompt: complete(leader.url, prompt), PROMPTS))
+        finally:
+            assert leader.stop() == 0, leader.log()
+        assert follower.wait(timeout=60) == 0, (tmp_path / "follower.log").read_text()[-3000:]
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+        follower_log.close()
+
+    llm = LLM(str(tiny_model_with_tokenizer), max_num_seqs=4, max_model_len=128, max_num_batched_tokens=32)
+    alone = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    assert served == [output.outputs[0].text for output in alone]
+
+
+def complete(url: str, prompt: str) -> str:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    response = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
