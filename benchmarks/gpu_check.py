@@ -15,7 +15,10 @@ the other, each in its own try block, so a failing section is reported and the r
                   through jit_forward, pallas vs reference attention
     engine        the whole engine on a random-weight SmolLM2-shaped model in bf16, Pallas attention: warm-up
                   (programs, seconds), then a mixed workload with async scheduling on and off: output tokens/s
-                  and the programs it compiled after warm-up (must be 0)
+                  and the programs it compiled after warm-up (must be 0); a third row on the tensor-parallel
+                  code path at N = 1
+    awq           int4 AWQ dequant-matmul kernels vs a bf16 dot vs XLA dequantize + dot at Llama-3-8B shapes,
+                  M = 1, 16, 64, 256: microseconds, fraction of the HBM roofline, error vs the reference
     tuning        kernel time for a few settings of the tiling knobs, to pick the defaults from measurements
 
 Each section starts no new measurement once its share of --budget-s is spent.
@@ -370,6 +373,74 @@ def engine_run(profile: Profile, config: ModelConfig, params, async_scheduling: 
             "steps": engine.num_steps, "compiles_after_warmup": compiles.count, "ok": compiles.count == 0}
 
 
+def section_awq(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
+    """Int4 AWQ matmul (pallas_kernels/awq_matmul, group size 128) at Llama-3-8B MLP shapes, per M: the fused kernel
+    (its error against the float32 reference checked first), a bf16 dense dot and XLA dequantize + dot; then the
+    kernel under a few knob settings at M = 1 and 256. %hbm: an implementation's least bytes (its weight format,
+    scales and zeros, bf16 x, float32 y) per second against the H200's 4.8 TB/s."""
+    from pallas_kernels.awq_matmul import awq_matmul, awq_matmul_reference, dequantize
+    from pallas_kernels.awq_matmul.testing import TOLERANCE, device_random_packed, random_activations, relative_error
+
+    group, tol = 128, TOLERANCE[jnp.dtype(jnp.bfloat16)]
+    shapes = ((256, 40),) if interpret else ((4096, 14336), (14336, 4096))  # (K, N)
+    batch_sizes = (1, 20) if interpret else (1, 16, 64, 256)
+    sweeps = ((1, [dict(block_n=32)]), (20, [dict(block_m=16)])) if interpret else (
+        (1, [{}, dict(block_n=64), dict(block_n=256), dict(block_k=128), dict(block_k=512), dict(split_k=1),
+             dict(split_k=8), dict(num_warps=8), dict(num_stages=3)]),
+        (256, [{}, dict(block_m=32), dict(block_m=128), dict(block_n=64), dict(block_n=256), dict(block_k=256),
+               dict(num_warps=8), dict(block_m=128, num_warps=8), dict(num_stages=2), dict(num_stages=4)]))
+    impls = {
+        "bf16_dense": lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())),
+                                                       preferred_element_type=jnp.float32),  # w [N, K]
+        "awq_kernel": functools.partial(awq_matmul, interpret=interpret),
+        "xla_dequant_dot": lambda x, p: jnp.dot(x, dequantize(p, x.dtype), preferred_element_type=jnp.float32),
+    }
+
+    def timed(matmul, x, w, moved: int) -> dict:
+        def chained(x, w):  # x-shaped and dependent on the whole product, which the barrier keeps whole
+            y = jax.lax.optimization_barrier(matmul(x, w))  # [M, N]
+            return x + (y[0, 0] * 0).astype(x.dtype)
+        sec = median_call_seconds(chained, (x, w), profile)
+        flops = 2 * x.shape[0] * x.shape[1] * w.n if hasattr(w, "n") else 2 * x.size * w.shape[0]
+        return {"us": sec * 1e6, "%hbm": 100 * moved / sec / PEAK_HBM_BYTES_S, "TFLOP/s": flops / sec / 1e12}
+
+    def checked(x, packed) -> dict:
+        with jax.default_matmul_precision("highest"):
+            expected = np.asarray(jax.jit(awq_matmul_reference)(x, packed))
+        out = np.asarray(jax.jit(impls["awq_kernel"])(x, packed))
+        err = relative_error(out, expected)
+        return {"rel_err": err, "max_abs_err": float(np.abs(out - expected).max()), "ok": bool(err < tol)}
+
+    def checked_then_timed(matmul, x, packed, moved: int) -> dict:
+        return {**checked(x, packed), **timed(matmul, x, packed, moved)}
+
+    rows = []
+    for k, n in shapes:
+        packed = device_random_packed(0, k, n, group)
+        dense = jax.block_until_ready(jax.jit(lambda p: dequantize(p, jnp.bfloat16).T)(packed))  # [N, K]
+        int4_bytes = k * n // 2 + 3 * (k // group) * n  # packed weights, fp16 scales, int8 zeros
+        for m in batch_sizes:
+            x = random_activations(m, m, k, jnp.bfloat16)  # [M, K]
+            io_bytes = 2 * m * k + 4 * m * n
+            for impl, matmul in impls.items():
+                if out_of_time(deadline, "awq"):
+                    return rows
+                w, moved = (dense, 2 * k * n + io_bytes) if impl == "bf16_dense" else (packed, int4_bytes + io_bytes)
+                row = {"kind": "matmul", "shape": f"K{k} N{n}", "M": m, "impl": impl}
+                measure = functools.partial(checked_then_timed if impl == "awq_kernel" else timed, matmul, x, w, moved)
+                rows.append(measured(row, measure))
+        for m, knob_sets in sweeps:
+            x = random_activations(m, m, k, jnp.bfloat16)
+            for knobs in knob_sets:
+                if out_of_time(deadline, "awq"):
+                    return rows
+                row = {"kind": "tuning", "shape": f"K{k} N{n}", "M": m, "knobs": knobs or "defaults"}
+                matmul = functools.partial(awq_matmul, interpret=interpret, **knobs)
+                rows.append(measured(row, functools.partial(timed, matmul, x, packed,
+                                                            int4_bytes + 2 * m * k + 4 * m * n)))
+    return rows
+
+
 def section_tuning(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
     """Kernel time for a few knob settings ({} = the defaults), to choose the defaults from measurements."""
     rows = []
@@ -396,6 +467,7 @@ def run_sections(profile: Profile, interpret: bool, budget_s: float) -> dict:
         ("kernels", lambda deadline: section_kernels(profile, interpret, deadline), 0.5),
         ("end_to_end", lambda deadline: section_end_to_end(profile, interpret, deadline), 0.7),
         ("engine", lambda deadline: section_engine(profile, interpret, deadline), 0.9),
+        ("awq", lambda deadline: section_awq(profile, interpret, deadline), 0.95),
         ("tuning", lambda deadline: section_tuning(profile, interpret, deadline), 1.0),
     ]
     results = {}

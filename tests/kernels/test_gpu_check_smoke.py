@@ -16,7 +16,7 @@ def test_gpu_check_cpu_smoke(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert list(results) == ["environment", "correctness", "kernels", "end_to_end", "engine", "tuning"]
+    assert list(results) == ["environment", "correctness", "kernels", "end_to_end", "engine", "awq", "tuning"]
     for name, section in results.items():
         assert section["status"] == "ok" and section["rows"], name
     assert all(row["ok"] for row in results["correctness"]["rows"])

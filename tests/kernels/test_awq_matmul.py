@@ -1,0 +1,186 @@
+"""Int4 AWQ matmul: the layout and the reference against an independent unpacker of the AutoAWQ format, the Pallas
+kernels (interpret mode) against the reference, and their CUDA lowering at Llama-3-8B shapes.
+
+The unpacker below is written from the format's definition (nibble j of a word holds column [0, 2, 4, 6, 1, 3, 5,
+7][j] of its group of eight; W[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n]), not from layout.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.awq_matmul import (AWQPacked, awq_matmul, awq_matmul_large_m, awq_matmul_reference,
+                                       awq_matmul_small_m, dequantize, repack)
+from pallas_kernels.awq_matmul.kernel import awq_partials_into, default_split_k
+from pallas_kernels.awq_matmul.layout import pack_rows, to_awq, unpack, unpack_rows
+from pallas_kernels.awq_matmul.testing import (TOLERANCE, random_activations, random_awq_tensors, random_packed,
+                                               relative_error)
+
+COLUMN_OF_NIBBLE = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def awq_unpack_oracle(words: np.ndarray) -> np.ndarray:
+    """[R, C/8] int32 AutoAWQ words -> [R, C] int64 nibbles, one nibble at a time."""
+    words = words.astype(np.int64) & 0xFFFFFFFF
+    out = np.zeros((words.shape[0], 8 * words.shape[1]), np.int64)
+    for j, column in enumerate(COLUMN_OF_NIBBLE):
+        out[:, column::8] = (words >> (4 * j)) & 0xF
+    return out
+
+
+def dense_oracle(qweight, qzeros, scales, group_size) -> np.ndarray:
+    """W [K, N] float64 from AutoAWQ tensors."""
+    q, z = awq_unpack_oracle(qweight), awq_unpack_oracle(qzeros)  # [K, N], [K/G, N]
+    groups = np.arange(q.shape[0]) // group_size  # [K]
+    return (q - z[groups]) * scales.astype(np.float64)[groups]
+
+
+# ---------------------------------------------------------------------------------------------- layout, reference
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_reference_matches_independent_unpacker(group_size):
+    k, n = 512, 48
+    tensors = random_awq_tensors(group_size, k, n, group_size)
+    w = dense_oracle(*tensors, group_size)  # [K, N]
+    packed = jax.tree.map(jnp.asarray, repack(*tensors, group_size))
+    assert packed.group_size == group_size and (packed.k, packed.n) == (k, n)
+    np.testing.assert_array_equal(np.asarray(dequantize(packed)), w.astype(np.float32))
+    x = np.random.default_rng(0).standard_normal((3, k)).astype(np.float32)
+    y = np.asarray(awq_matmul_reference(jnp.asarray(x), packed))
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5 * np.abs(x @ w).max())
+
+
+def test_reference_chunks_k_and_keeps_leading_axes(monkeypatch):
+    """Small CHUNK_BYTES: the reference's K loop takes several steps; x may carry leading axes."""
+    from pallas_kernels.awq_matmul import reference
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 64 * 40 * 4)
+    tensors = random_awq_tensors(1, 384, 40, 32)
+    w = dense_oracle(*tensors, 32)
+    x = np.random.default_rng(1).standard_normal((2, 3, 384)).astype(np.float32)
+    y = np.asarray(awq_matmul_reference(jnp.asarray(x), jax.tree.map(jnp.asarray, repack(*tensors, 32))))
+    assert y.shape == (2, 3, 40)
+    np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5 * np.abs(x @ w).max())
+
+
+def test_repack_round_trips_and_unpacks():
+    tensors = random_awq_tensors(2, 256, 64, 64)
+    packed = repack(*tensors, 64)
+    assert packed.qweight.shape == (32, 64) and packed.qweight.dtype == np.int32
+    assert packed.zeros.shape == (4, 64) and packed.zeros.dtype == np.int8 and packed.scales.dtype == np.float16
+    for got, want in zip(to_awq(packed), tensors):
+        np.testing.assert_array_equal(got, want)
+    q, z, s = unpack(packed)
+    np.testing.assert_array_equal(q, awq_unpack_oracle(tensors[0]))
+    np.testing.assert_array_equal(z, awq_unpack_oracle(tensors[1]))
+    np.testing.assert_array_equal(unpack_rows(pack_rows(q)), q)
+
+
+def test_repack_rejects_bad_shapes():
+    qweight, qzeros, scales = random_awq_tensors(0, 256, 16, 64)
+    with pytest.raises(ValueError, match="group size"):
+        repack(qweight, qzeros, scales, 96)
+    with pytest.raises(ValueError, match="qzeros"):
+        repack(qweight, qzeros[:2], scales, 64)
+
+
+def test_column_selection_is_plain_indexing():
+    """Any column order (a tensor-parallel shard, fused q|k|v per head group) is an index of every leaf's N axis."""
+    packed = random_packed(3, 256, 64, 32)
+    cols = np.random.default_rng(0).permutation(64)[:40]
+    picked = jax.tree.map(lambda leaf: leaf[:, cols], packed)
+    np.testing.assert_array_equal(np.asarray(dequantize(picked)), np.asarray(dequantize(packed))[:, cols])
+    rows = slice(64, 192)  # a K shard at multiples of G
+    shard = AWQPacked(packed.qweight[64 // 8:192 // 8], packed.zeros[64 // 32:192 // 32],
+                      packed.scales[64 // 32:192 // 32])
+    np.testing.assert_array_equal(np.asarray(dequantize(shard)), np.asarray(dequantize(packed))[rows])
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+
+# (id, M, K, N, G, activation dtype, entry point, knobs): K and N off the tiles, every group size, M over 1..512
+KERNEL_CASES = [
+    ("m1_bf16_g32_split", 1, 384, 200, 32, jnp.bfloat16, awq_matmul_small_m, {}),
+    ("m3_f16_g64_bn64", 3, 256, 136, 64, jnp.float16, awq_matmul_small_m, dict(block_n=64)),
+    ("m16_bf16_g128_split3", 16, 640, 72, 128, jnp.bfloat16, awq_matmul_small_m, dict(split_k=3, block_k=128)),
+    ("m33_bf16_g32", 33, 256, 136, 32, jnp.bfloat16, awq_matmul_large_m, {}),
+    ("m128_f16_g64_small_tiles", 128, 384, 96, 64, jnp.float16, awq_matmul_large_m, dict(block_m=32, block_n=32)),
+    ("m512_bf16_g128", 512, 128, 40, 128, jnp.bfloat16, awq_matmul_large_m, dict(block_n=64)),
+    ("m5_f32_g32_auto", 5, 256, 48, 32, jnp.float32, awq_matmul, {}),
+    ("m40_f16_g128_auto_split", 40, 1024, 24, 128, jnp.float16, awq_matmul, dict(split_k=2, block_k=256)),
+]
+
+
+@pytest.mark.parametrize("case_id,m,k,n,group,dtype,entry,knobs", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+def test_kernel_matches_reference(case_id, m, k, n, group, dtype, entry, knobs):
+    packed = random_packed(len(case_id), k, n, group)
+    x = random_activations(m, m, k, dtype)
+    y = np.asarray(jax.jit(functools.partial(entry, interpret=True, **knobs))(x, packed))
+    assert y.shape == (m, n) and y.dtype == np.float32
+    assert not np.isnan(y).any()
+    assert relative_error(y, awq_matmul_reference(x, packed)) < TOLERANCE[jnp.dtype(dtype)]
+
+
+@pytest.mark.parametrize("m,k,n,group,splits,block_m,block_k", [
+    (3, 640, 40, 64, 3, 16, 128),  # the last split is a part step; a block past N
+    (20, 256, 24, 32, 4, 16, 128),  # two M tiles, the second mostly padding; the last two splits hold no rows
+])
+def test_kernel_writes_every_partial(m, k, n, group, splits, block_m, block_k):
+    """Into a NaN-filled [S, M, N] buffer: every element is written, padding lanes never leak in."""
+    packed = random_packed(m, k, n, group)
+    x = random_activations(m, m, k, jnp.bfloat16)
+    into = jax.jit(functools.partial(awq_partials_into, block_m=block_m, block_n=16, block_k=block_k,
+                                     interpret=True))
+    partials = np.asarray(into(jnp.full((splits, m, n), jnp.nan, jnp.float32), x, packed))
+    assert not np.isnan(partials).any(), "a partial sum was not written"
+    assert relative_error(partials.sum(axis=0), awq_matmul_reference(x, packed)) < TOLERANCE[jnp.dtype(jnp.bfloat16)]
+
+
+def test_awq_matmul_keeps_leading_axes_and_picks_the_kernel():
+    packed = random_packed(0, 256, 32, 64)
+    x = random_activations(0, 6, 256, jnp.bfloat16).reshape(2, 3, 256)
+    y = awq_matmul(x, packed, interpret=True, block_m=32)  # block_m is dropped on the small-M path
+    assert y.shape == (2, 3, 32)
+    assert relative_error(y, awq_matmul_reference(x, packed)) < TOLERANCE[jnp.dtype(jnp.bfloat16)]
+    assert awq_matmul(x[:, :0], packed, interpret=True).shape == (2, 0, 32)
+    with pytest.raises(TypeError, match="block_q"):
+        awq_matmul(x, packed, interpret=True, block_q=16)
+    with pytest.raises(ValueError, match="block_k"):
+        awq_matmul(x, packed, interpret=True, block_k=64)
+
+
+@pytest.mark.parametrize("m,k,n,expected", [
+    (1, 4096, 14336, 4),  # 112 column tiles: 5 splits wanted, 4 once rounded to whole 256-row steps
+    (1, 4096, 4096, 16),  # 32 tiles: one 256-row step per split
+    (16, 4096, 4096, 4),  # partial sums of 16 rows: past 4 splits, over a quarter of the weight bytes
+    (1, 256, 128, 1),  # one step of K
+])
+def test_default_split_k(m, k, n, expected):
+    assert default_split_k(m, k, n, block_m=16, block_n=128, block_k=256) == expected
+
+
+# ---------------------------------------------------------------------------------------------- CUDA lowering
+
+
+def awq_spec(k: int, n: int, group: int) -> AWQPacked:
+    return AWQPacked(jax.ShapeDtypeStruct((k // 8, n), jnp.int32), jax.ShapeDtypeStruct((k // group, n), jnp.int8),
+                     jax.ShapeDtypeStruct((k // group, n), jnp.float16))
+
+
+@pytest.mark.parametrize("m", [1, 16, 256], ids=["decode_m1", "decode_m16", "prefill_m256"])
+@pytest.mark.parametrize("k,n,dtype", [
+    (4096, 6144, jnp.bfloat16),  # q|k|v
+    (4096, 4096, jnp.float16),  # o
+    (4096, 28672, jnp.bfloat16),  # gate|up
+    (14336, 4096, jnp.bfloat16),  # down
+    (4096, 14336, jnp.float32),
+], ids=["qkv_bf16", "o_f16", "gate_up_bf16", "down_bf16", "up_f32"])
+def test_kernels_lower_to_triton_at_llama3_8b_shapes(m, k, n, dtype):
+    args = (jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128))
+    text = jax.jit(awq_matmul).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
