@@ -1,5 +1,6 @@
 """The `jaxllm` command line: `jaxllm generate PROMPT...` runs prompts through the engine and prints the text;
-`jaxllm serve [MODEL]` runs the OpenAI-compatible HTTP server."""
+`jaxllm serve [MODEL]` runs the OpenAI-compatible HTTP server; `jaxllm quantize [MODEL] OUTPUT_DIR` writes an
+AWQ int4 checkpoint."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
             from jaxllm.entrypoints.openai.api_server import run_server
 
             return run_server(args)
+        if args.command == "quantize":
+            return _quantize(args)
         return _generate(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
         print(f"jaxllm: error: {e}", file=sys.stderr)
@@ -47,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     # _generate from the number of prompts)
     gen.set_defaults(max_model_len=2048, max_num_seqs=None)
     add_serve_args(commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API"))
+    from jaxllm.quantization.command import QUANTIZE_DESCRIPTION, add_quantize_args
+
+    add_quantize_args(commands.add_parser("quantize", help="write an AWQ int4 checkpoint of a model",
+                                          description=QUANTIZE_DESCRIPTION))
     return parser
 
 
@@ -65,12 +72,28 @@ def _generate(args) -> int:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
     else:
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    if llm.engine.process_index > 0:  # several processes ran the model: process 0 prints
+        return 0
     for prompt, output in zip(args.prompts, outputs):
         text = output.outputs[0].text
         print(text if len(args.prompts) == 1 and not args.chat else f"{prompt!r} -> {text!r}", flush=True)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(f"[{tokens} tokens from {len(outputs)} prompts in {time.perf_counter() - start:.1f}s including load "
           f"and compile]", file=sys.stderr)
+    return 0
+
+
+def _quantize(args) -> int:
+    """`jaxllm quantize`: progress on stderr, then one line saying what was written."""
+    from jaxllm.quantization.command import model_argument
+    from jaxllm.quantization.quantize import quantize_model
+
+    summary = quantize_model(model_argument(args.model), args.output_dir, method=args.method,
+                             group_size=args.group_size, calibration_file=args.calibration, clip=args.clip,
+                             n_grid=args.grid, max_calibration_tokens=args.max_calibration_tokens)
+    calibrated = f", calibrated on {summary.calibration_tokens} tokens" if summary.method == "awq" else ""
+    print(f"wrote {summary.method.upper()} int4 (group size {summary.group_size}) checkpoint of "
+          f"{summary.num_layers} layers to {summary.output_dir}{calibrated} in {summary.seconds:.1f}s", flush=True)
     return 0
 
 

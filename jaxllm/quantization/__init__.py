@@ -1,0 +1,23 @@
+"""Weight quantization: AWQ (activation-aware, Lin et al. 2023) and round-to-nearest int4, written as AutoAWQ
+GEMM checkpoints (`jaxllm quantize`).
+
+    awq_format.py        the checkpoint's packing: pack_awq / unpack_awq / dequantize_awq (numpy)
+    group_quant.py       asymmetric 4-bit group quantization (jnp)
+    dense_forward.py     a per-layer forward over whole sequences, exposing each linear group's input
+    activation_stats.py  Gram matrix and mean |x| of each group's calibration inputs
+    scale_search.py      AWQ's per-input-channel scale search
+    clip_search.py       AWQ's per-group clipping search
+    awq_layer.py         one layer: scale groups, folding, clipping, quantization (or RTN)
+    layer_weights.py     loaded params -> per-layer float dicts, q/k/v and gate/up apart
+    calibration.py       calibration / held-out text -> token sequences (calibration.txt, held_out.txt)
+    checkpoint.py        tensor names, writing, reading back dequantized
+    hf_config.py         config.json with quantization_config; generation_config.json
+    quantize.py          quantize_model: the whole pipeline
+    command.py           the flags of `jaxllm quantize`
+    perplexity.py        perplexity of float weights
+    quality.py           float32 vs AWQ vs RTN held-out perplexity
+"""
+
+from jaxllm.quantization.awq_format import dequantize_awq, pack_awq, unpack_awq
+
+__all__ = ["pack_awq", "unpack_awq", "dequantize_awq"]

@@ -1,0 +1,168 @@
+"""quantize_model: any model jaxllm loads -> an AWQ (GEMM, 4-bit, zero point) checkpoint directory.
+
+    load (float32) -> calibration tokens -> embed them
+    for each layer i:   TapStats of the float layer on what quantized layers 0 .. i-1 output   (AWQ)
+                        scale search, folding, clipping, quantization                          (awq_layer.py)
+                        the quantized layer's output becomes layer i + 1's input                (AWQ)
+    write model.safetensors, config.json, generation_config.json, the tokenizer
+
+Feeding each layer the quantized prefix's output (rather than the float model's) lets a layer's scales account
+for the error already made upstream. RTN skips the calibration entirely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxllm.config import ModelConfig
+from jaxllm.loaders import LoadedModel, load_host_model, resolve_model
+from jaxllm.loaders.resolve import ModelSource
+from jaxllm.quantization import calibration
+from jaxllm.quantization.awq_layer import METHODS, quantize_layer
+from jaxllm.quantization.checkpoint import LINEAR_NAMES, global_tensors, layer_tensors, write_tensors
+from jaxllm.quantization.hf_config import awq_config, generation_config
+from jaxllm.quantization.layer_weights import global_weights, split_layers
+
+TOKENS_PER_CHUNK = 4096  # calibration tokens per forward call: bounds activation memory, not the calibration size
+MAX_SEQ_LEN = 512
+GROUP_SIZE_CANDIDATES = (16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclasses.dataclass
+class QuantizeSummary:
+    output_dir: Path
+    method: str
+    group_size: int
+    num_layers: int
+    calibration_tokens: int
+    seconds: float
+    alphas: dict  # scale group -> the alpha chosen in each layer (AWQ)
+
+
+def quantize_model(model: str | os.PathLike | None, output_dir: str | os.PathLike, method: str = "awq",
+                   group_size: int = 128, calibration_file: str | os.PathLike | None = None, clip: bool = True,
+                   n_grid: int = 20, max_calibration_tokens: int = 65536, progress: bool = True) -> QuantizeSummary:
+    """Quantize `model` (None: the default model) into the new or empty directory `output_dir`. Bad arguments
+    raise ValueError (or FileNotFoundError) before the model is loaded where they can be seen from its config."""
+    check_method(method)
+    output_dir = check_output_dir(output_dir)
+    source = resolve_model(model)
+    config = peek_config(source)
+    if config is not None:
+        check_group_size(config, group_size)
+    text = calibration.read_text(calibration_file) if method == "awq" else None
+    loaded = load_host_model(model, "float32")
+    check_group_size(loaded.config, group_size)
+    from jaxllm.tokenizer import load_tokenizer
+
+    return quantize_loaded(loaded, load_tokenizer(source), output_dir, method, group_size, text, clip, n_grid,
+                           max_calibration_tokens, progress)
+
+
+def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: str, group_size: int,
+                    text: str | None = None, clip: bool = True, n_grid: int = 20, max_calibration_tokens: int = 65536,
+                    progress: bool = True) -> QuantizeSummary:
+    """quantize_model's work on an already loaded model (host params) and its tokenizer; text: the calibration
+    text (None: the built-in one)."""
+    from tqdm.auto import tqdm
+
+    from jaxllm.quantization.activation_stats import layer_tap_stats
+    from jaxllm.quantization.dense_forward import embed_tokens, layer_output
+
+    start = time.perf_counter()
+    check_method(method)
+    output_dir = check_output_dir(output_dir)
+    config = loaded.config
+    check_group_size(config, group_size)
+    layers, glob = split_layers(loaded.params, config), global_weights(loaded.params)
+    awq = method == "awq"
+    xs, tokens = [], 0
+    if awq:
+        text = calibration.read_text(None) if text is None else text
+        seqs = calibration.token_sequences(tokenizer, text, min(MAX_SEQ_LEN, config.max_position_embeddings),
+                                           max_calibration_tokens, config.vocab_size)  # [S, T]
+        xs, tokens = [embed_tokens(glob["embed"], c) for c in calibration.chunks(seqs, TOKENS_PER_CHUNK)], seqs.size
+    tensors, alphas = {}, {}
+    for i, w in enumerate(tqdm(layers, desc=f"{method.upper()} int4 g{group_size}", unit="layer",
+                               disable=not progress)):
+        stats = layer_tap_stats(w, xs, config) if awq else None
+        layer = quantize_layer(w, stats, config, method, group_size, clip, n_grid)
+        tensors.update(layer_tensors(i, layer.dense, layer.quantized))
+        for group, alpha in layer.alphas.items():
+            alphas.setdefault(group, []).append(alpha)
+        if awq and i + 1 < len(layers):
+            dequantized = layer.dequantized(group_size)
+            xs = [layer_output(dequantized, x, config) for x in xs]
+    tensors.update(global_tensors(glob))
+    write_checkpoint(output_dir, tensors, loaded.source, config, group_size, tokenizer)
+    return QuantizeSummary(output_dir, method, group_size, len(layers), tokens, time.perf_counter() - start, alphas)
+
+
+def write_checkpoint(output_dir: Path, tensors: dict[str, np.ndarray], source: ModelSource, config: ModelConfig,
+                     group_size: int, tokenizer) -> None:
+    """model.safetensors, config.json, generation_config.json (when the model has EOS ids), the tokenizer files."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_tensors(output_dir, tensors)
+    (output_dir / "config.json").write_text(json.dumps(awq_config(source, config, group_size), indent=2) + "\n")
+    generation = generation_config(source, config)
+    if generation is not None:
+        (output_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    tokenizer.save_pretrained(str(output_dir))
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown quantization method {method!r}; choose one of: {', '.join(METHODS)}")
+
+
+def check_output_dir(output_dir: str | os.PathLike) -> Path:
+    """The output directory (created when the checkpoint is written); an existing file or a non-empty directory
+    is refused: nothing already there is overwritten."""
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output directory {path} is an existing file")
+    if path.is_dir() and any(path.iterdir()):
+        raise ValueError(f"output directory {path} is not empty; give a new or empty directory")
+    return path
+
+
+def peek_config(source: ModelSource) -> ModelConfig | None:
+    """The model's config without reading its weights (None for orbax checkpoints: checked after loading)."""
+    if source.kind == "gguf":
+        from jaxllm.loaders.gguf import gguf_config, open_gguf
+
+        return gguf_config(open_gguf(source.path), source.path)
+    if source.kind == "hf_dir":
+        from jaxllm.loaders.safetensors import read_hf_config
+
+        return read_hf_config(source.path)
+    return None
+
+
+def linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Each linear's (input size K, output size N)."""
+    h, f = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    return {"wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h), "w_gate": (h, f), "w_up": (h, f),
+            "w_down": (f, h)}
+
+
+def check_group_size(config: ModelConfig, group_size: int) -> None:
+    """Every linear's K must split into whole groups and its N into whole 8-column words."""
+    shapes = linear_shapes(config)
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group size must be a positive integer, got {group_size!r}")
+    for name, (k, n) in shapes.items():
+        where = f"model.layers.0.{LINEAR_NAMES[name]} (and the same linear of every layer)"
+        if k % group_size:
+            working = [g for g in GROUP_SIZE_CANDIDATES if all(kk % g == 0 for kk, _ in shapes.values())]
+            raise ValueError(f"{where}: input size K = {k} is not a multiple of the group size {group_size}; group "
+                             f"sizes that divide every layer's input size: {', '.join(map(str, working)) or 'none'}")
+        if n % 8:
+            raise ValueError(f"{where}: output size N = {n} is not a multiple of 8, which the packed int4 format needs")
