@@ -24,7 +24,7 @@ NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", max_model_le
                          kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, enable_chunked_prefill=False,
                          scheduling_policy="priority", seed=7, attention="reference", warmup=True,
                          async_scheduling=False, compilation_cache_dir="xla-cache", skip_tokenizer=True,
-                         tensor_parallel_size=2)
+                         tensor_parallel_size=2, num_processes=2, process_id=1, coordinator_address="10.0.0.1:1234")
 
 
 def _flags(args: EngineArgs) -> list[str]:
@@ -174,7 +174,7 @@ def gpu(monkeypatch):
     def install(bytes_limit: int | None, **environment: str):
         for name, value in environment.items():
             monkeypatch.setenv(name, value)
-        monkeypatch.setattr(jax, "devices", lambda *_: [FakeGpu(bytes_limit)])
+        monkeypatch.setattr(jax, "local_devices", lambda *_, **__: [FakeGpu(bytes_limit)])
 
     return install
 
