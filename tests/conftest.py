@@ -1,10 +1,13 @@
-"""Shared fixtures: tiny random-weight Hugging Face models of every supported architecture variant."""
+"""Shared fixtures: tiny random-weight Hugging Face models of every supported architecture variant, and AWQ
+checkpoints of them written by `jaxllm quantize`."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from tests.tiny_models import VARIANTS, save_tiny_hf_model, save_tiny_model_with_tokenizer
+from tests.tiny_models import AWQ_GROUP, VARIANTS, byte_tokenizer, save_tiny_hf_model, save_tiny_model_with_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +27,42 @@ def tiny_model_dir(tmp_path_factory):
 def tiny_model_with_tokenizer(tmp_path_factory):
     """A tiny random Llama with the default model's tokenizer (tests/tiny_models.py)."""
     return save_tiny_model_with_tokenizer(tmp_path_factory.mktemp("tiny-model-with-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def quantizable_model(tiny_model_dir, tmp_path_factory):
+    """variant -> (a copy of the tiny HF model directory with a byte tokenizer added, the torch model). A copy:
+    the shared tiny model directories stay as other tests expect them (no tokenizer)."""
+    cache = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            source, model = tiny_model_dir(variant)
+            target = tmp_path_factory.mktemp(f"quantizable-{variant}") / "model"
+            shutil.copytree(source, target)
+            byte_tokenizer().save_pretrained(str(target))
+            cache[variant] = (target, model)
+        return cache[variant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def awq_model_dir(quantizable_model, tmp_path_factory):
+    """(variant, method "rtn" or "awq") -> an AutoAWQ GEMM checkpoint of the tiny model (group size AWQ_GROUP)."""
+    from jaxllm.entrypoints.cli import main
+
+    cache = {}
+
+    def get(variant: str, method: str = "rtn"):
+        if (variant, method) not in cache:
+            out = tmp_path_factory.mktemp(f"{variant}-{method}") / f"{variant}-{method}"
+            assert main(["quantize", str(quantizable_model(variant)[0]), str(out), "--method", method,
+                         "--group-size", str(AWQ_GROUP), "--max-calibration-tokens", "1024"]) == 0
+            cache[variant, method] = out
+        return cache[variant, method]
+
+    return get
 
 
 def pytest_generate_tests(metafunc):

@@ -8,6 +8,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
     Qwen2ForCausalLM
 
+AWQ_GROUP = 16  # a quantization group size that divides every tiny model's input sizes (48, 64, 128)
+
 _COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                max_position_embeddings=256, rms_norm_eps=1e-5, initializer_range=0.1)
 
@@ -153,3 +155,16 @@ def _tiny_llama_weights(config: dict, seed: int = 0) -> dict:
                         p + "mlp.up_proj.weight": normal(inter, hidden),
                         p + "mlp.down_proj.weight": normal(hidden, inter)})
     return weights
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer without merges: exactly 256 ids, the tiny models' vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)

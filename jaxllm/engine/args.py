@@ -20,6 +20,7 @@ import numpy as np
 from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine import distributed
 from jaxllm.loaders.assemble import DTYPES
+from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.model.attention import ATTENTION_BACKENDS
 from jaxllm.model.kv_cache import kv_cache_bytes
 from jaxllm.model.params import param_bytes_per_device, params_dtype
@@ -54,6 +55,8 @@ class EngineArgs:
     dtype: str = _arg("auto", "dtype of the weights and the KV cache; auto: an orbax checkpoint's saved dtype, "
                               "else on a GPU the checkpoint's own (bfloat16 for quantized GGUF), and float32 "
                               "elsewhere", DTYPE_CHOICES)
+    quantization: str | None = _arg(None, "how the checkpoint's weights are quantized: awq (AutoAWQ GEMM int4, "
+                                          "kept packed on the device); unset: read from its config.json")
     max_model_len: int | None = _arg(None, "tokens one sequence may hold, prompt + output; unset: the model's "
                                            "max_position_embeddings")
     max_num_seqs: int = _arg(64, "sequences per engine step")
@@ -103,6 +106,7 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and value < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        check_quantization_name(self.quantization)
         self.process_group()  # num_processes, process_id and coordinator_address (or their variables) agree
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")

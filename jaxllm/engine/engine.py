@@ -223,7 +223,8 @@ def _load(args: EngineArgs):
     """The model on one device; on the host when it is to be split over a mesh (_shard places it)."""
     from jaxllm.loaders import load_host_model, load_model
 
-    return (load_model if args.tensor_parallel_size is None else load_host_model)(args.model, dtype=args.dtype)
+    load = load_model if args.tensor_parallel_size is None else load_host_model
+    return load(args.model, dtype=args.dtype, quantization=args.quantization)
 
 
 def _shard(loaded, tp_size: int):

@@ -15,6 +15,8 @@ import jax
 from jax.sharding import Mesh
 
 from jaxllm.config import ModelConfig
+from jaxllm.errors import ModelLoadError
+from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.loaders.checkpoint_dtype import auto_dtype
 from jaxllm.loaders.gguf import load_gguf
 from jaxllm.loaders.orbax import load_checkpoint, save_checkpoint
@@ -32,20 +34,28 @@ class LoadedModel:
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: str = "auto", mesh: Mesh | None = None,
-               on_placed: Callable[[str], None] | None = None) -> LoadedModel:
+               on_placed: Callable[[str], None] | None = None, quantization: str | None = None) -> LoadedModel:
     """Load `model` (None -> the default model) with params cast to `dtype`, on one device or split over `mesh`.
 
     dtype: "float32" | "bfloat16" | "float16" | "auto". "auto" is an orbax checkpoint's saved dtype; otherwise,
     on a GPU, the checkpoint's own (auto_dtype), and on any other backend float32, whose matmuls are the fast ones
     on CPU. mesh: a tensor_parallel.make_mesh mesh; each device receives only its own part of the params.
     on_placed(path) runs after each array is placed on its devices (place.place_params).
+    quantization: None loads what the checkpoint holds (an AutoAWQ directory's linears stay packed int4: its
+    config.json says so); "awq" also insists that it is one (awq.QUANTIZATION_METHODS).
     """
-    return place_model(load_host_model(model, dtype), mesh, on_placed)
+    return place_model(load_host_model(model, dtype, quantization), mesh, on_placed)
 
 
-def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto") -> LoadedModel:
-    """load_model's first half: the params as numpy arrays on the host, each tensor cast to `dtype` as it is read."""
+def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto",
+                    quantization: str | None = None) -> LoadedModel:
+    """load_model's first half: the params as numpy arrays on the host, each tensor cast to `dtype` as it is read
+    (packed weights keep their own dtypes)."""
+    check_quantization_name(quantization)
     source = resolve_model(model)
+    if quantization is not None and source.kind != "hf_dir":
+        raise ModelLoadError(source.path, f"quantization={quantization!r} reads AutoAWQ checkpoints, which are "
+                             f"Hugging Face directories; this is a {source.kind} model")
     if dtype == "auto" and source.kind != "orbax":
         dtype = auto_dtype(source) if jax.default_backend() == "gpu" else "float32"
     if source.kind == "orbax":
@@ -53,7 +63,7 @@ def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto")
     elif source.kind == "gguf":
         config, params = load_gguf(source.path, dtype)
     else:
-        config, params = load_hf_dir(Path(source.path), dtype)
+        config, params = load_hf_dir(Path(source.path), dtype, quantization)
     return LoadedModel(config, params, source)
 
 

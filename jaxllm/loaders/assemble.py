@@ -3,7 +3,8 @@
 Loaders map their own tensor names to (field, layer) pairs: field is a LlamaParams field or a checkpoint layer
 field (params.checkpoint_layer_shapes: q/k/v and gate/up apart, fused here after the checks),
 layer is the layer index or None for a global tensor. One place reports missing, duplicate and mis-shaped tensors.
-Each tensor is cast to the target dtype as it arrives; the params stay numpy, on the host, until
+Each tensor is cast to the target dtype as it arrives (a packed weight format, weights.WeightFormat, keeps its own
+dtypes: its shape is checked as the dense weight's it stands for); the params stay numpy, on the host, until
 loaders.place_model puts them on their devices (each device only its own part when they are split over a mesh).
 """
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
+from jaxllm.model import weights
 from jaxllm.model.params import (LayerParams, LlamaParams, checkpoint_layer_shapes, fuse_layer_tensors,
                                  global_param_shapes)
 
@@ -51,16 +53,21 @@ def assemble_params(
                                  f"{expected}")
         if (field in top) if layer is None else (layers[field][layer] is not None):
             raise ModelLoadError(source, f"tensor {name!r} appears twice")
+        if not isinstance(array, weights.WeightFormat):
+            array = array.astype(np_dtype)
         if layer is None:
-            top[field] = array.astype(np_dtype)
+            top[field] = array
         else:
-            layers[field][layer] = array.astype(np_dtype)
+            layers[field][layer] = array
     missing = [f for f in global_shapes if f not in top]
     missing += [f"layer {i} {f}" for f, per in layers.items() for i, a in enumerate(per) if a is None]
     if missing:
         raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    stacked = fuse_layer_tensors({field: np.stack(per) for field, per in layers.items()})  # [L, ...] each
+    try:
+        stacked = fuse_layer_tensors({field: weights.stack(per) for field, per in layers.items()})  # [L, ...] each
+    except TypeError as e:  # formats that cannot be stacked or fused (one layer or one of q/k/v packed, ...)
+        raise ModelLoadError(source, f"{e}: every layer's q, k and v (and gate and up) must be stored alike") from e
     return LlamaParams(layers=LayerParams(**stacked), **top)
 
 

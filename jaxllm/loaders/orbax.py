@@ -22,12 +22,17 @@ from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.assemble import numpy_dtype
 from jaxllm.loaders.resolve import ORBAX_MARKER
 from jaxllm.model.params import LlamaParams, abstract_params, params_dtype
+from jaxllm.model.weights import WeightFormat
 
 FORMAT_VERSION = 1
 
 
 def save_checkpoint(path: str | Path, config: ModelConfig, params: LlamaParams, tokenizer=None) -> Path:
     path = Path(path).absolute()
+    packed = sorted({type(w).__name__ for w in vars(params.layers).values() if isinstance(w, WeightFormat)})
+    if packed:
+        raise ValueError(f"cannot save {', '.join(packed)} weights: jaxllm checkpoints hold dense weights (keep "
+                         "the quantized model's own directory, which loads as fast)")
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"{path}: refusing to overwrite a non-empty directory")
     dtype = str(params_dtype(params))

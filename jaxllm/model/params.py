@@ -18,6 +18,7 @@ import numpy as np
 from flax import struct
 
 from jaxllm.config import ModelConfig
+from jaxllm.model import weights
 
 Weight = Any  # a linear layer's weight: a dense array or a weights.WeightFormat (layers.linear takes either)
 
@@ -74,7 +75,7 @@ def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     fused = {k: v for k, v in tensors.items() if k not in _FUSED_PARTS}
     for name, parts in FUSED_FIELDS.items():
         if parts[0] in tensors:
-            fused[name] = np.concatenate([tensors[p] for p in parts], axis=1)
+            fused[name] = weights.concat_rows([tensors[p] for p in parts], axis=1)
     return fused
 
 

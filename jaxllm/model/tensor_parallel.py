@@ -150,12 +150,25 @@ def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh,
     laid_out = shard_major_params(jax.device_get(params), config, mesh.size)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(laid_out)
     shardings = treedef.flatten_up_to(param_shardings(laid_out, mesh))
+    for (path, host), sharding in zip(leaves, shardings):
+        check_even_split(jax.tree_util.keystr(path), host.shape, sharding.spec, mesh.size)
     placed = []
     for (path, host), sharding in zip(leaves, shardings):
         placed.append(jax.make_array_from_callback(host.shape, sharding, lambda index, host=host: host[index]))
         if on_placed is not None:
             on_placed(jax.tree_util.keystr(path))
     return treedef.unflatten(placed)
+
+
+def check_even_split(name: str, shape: tuple[int, ...], partition: P, tp_size: int) -> None:
+    """ValueError naming the parameter leaf when an axis split over the mesh does not divide evenly (a dense
+    weight always does once check_tp_size passed; a packed int4 weight's groups may not)."""
+    for size, axis in zip(shape, partition):
+        if axis is not None and size % tp_size:
+            raise ValueError(f"tensor_parallel_size {tp_size} cannot split {name} {tuple(shape)}: an axis of "
+                             f"{size} does not divide into {tp_size} equal parts (a packed int4 weight's groups "
+                             "of rows must not straddle two devices: choose another size, or quantize with a "
+                             "smaller group size)")
 
 
 def init_sharded_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, mesh: Mesh,

@@ -5,12 +5,15 @@ Face [out, in] layout, as loaders and checkpoints store it). Every other format 
 with a LoRA delta, ...) is a WeightFormat subclass: a pytree whose leaves are arrays, each keeping the dense
 weight's leading axes, so lax.scan slices a layer-stacked [L, ...] format per layer like any other parameter.
 
-A format answers three questions, and the module functions below ask them of dense arrays and formats alike:
+A format answers these questions, and the module functions below ask them of dense arrays and formats alike:
     dot(x, w)               x [..., K] -> [..., N] float32: the matmul, accumulated in float32
     take_rows(w, index, a)  w with its output rows (on axis a) selected in `index` order: the tensor-parallel
                             shard-major layout, computed once as a row index, lays out any format
+    concat_rows(ws, a)      weights of one format joined along their output rows: q|k|v and gate|up fused
     leaf_axes(w, axes)      the logical axis names of each of w's leaves, given those of the dense weight: the
                             sharding rules table (tensor_parallel.PARAM_AXES) then places any format's leaves
+    w.shape                 the dense weight's shape [..., N, K] (loaders check it against the config)
+Stacking per-layer weights into [L, ...] (stack) needs no method: every leaf gains the leading axis.
 """
 
 from __future__ import annotations
@@ -37,9 +40,18 @@ class WeightFormat(struct.PyTreeNode):
         """The same format standing for W's rows `index` on `axis` (the N axis: 1 when layer-stacked [L, N, K])."""
         raise NotImplementedError(f"{type(self).__name__}.take_rows")
 
+    def concat_rows(self, others: list[WeightFormat], axis: int) -> WeightFormat:
+        """[self, *others] (all of this class) joined on the dense W's row axis `axis` (host numpy leaves)."""
+        raise NotImplementedError(f"{type(self).__name__}.concat_rows")
+
     def leaf_axes(self, axes: Axes) -> WeightFormat:
         """The same class with each leaf replaced by its logical axis names; `axes` are the dense W's."""
         raise NotImplementedError(f"{type(self).__name__}.leaf_axes")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the dense weight this stands for, [..., N, K]."""
+        raise NotImplementedError(f"{type(self).__name__}.shape")
 
 
 def dot(x: jax.Array, w: Any) -> jax.Array:
@@ -60,6 +72,25 @@ def take_rows(w: Any, index: np.ndarray, axis: int) -> Any:
     if isinstance(w, WeightFormat):
         return w.take_rows(index, axis)
     return w[(slice(None),) * axis + (np.asarray(index),)]
+
+
+def concat_rows(parts: list, axis: int) -> Any:
+    """Weights of one format (host numpy leaves) joined along the dense W's row axis `axis`; TypeError naming the
+    formats when they differ (a fused projection cannot mix, say, packed int4 and dense parts)."""
+    kinds = {type(p) for p in parts}
+    if len(kinds) > 1:
+        raise TypeError(f"cannot fuse weights of different formats: {', '.join(sorted(k.__name__ for k in kinds))}")
+    if isinstance(parts[0], WeightFormat):
+        return parts[0].concat_rows(list(parts[1:]), axis)
+    return np.concatenate(parts, axis=axis)
+
+
+def stack(per_layer: list) -> Any:
+    """Per-layer weights of one format (host numpy leaves) -> one weight with a leading [L] axis on every leaf."""
+    kinds = {type(w) for w in per_layer}
+    if len(kinds) > 1:
+        raise TypeError(f"cannot stack layers of different formats: {', '.join(sorted(k.__name__ for k in kinds))}")
+    return jax.tree.map(lambda *leaves: np.stack(leaves), *per_layer)
 
 
 def leaf_axes(w: Any, axes: Axes) -> Any:

@@ -17,8 +17,9 @@ from jaxllm.quantization.calibration import HELD_OUT_TEXT
 from jaxllm.quantization.checkpoint import read_dequantized
 from jaxllm.quantization.dense_forward import embed_tokens, layer_output
 from jaxllm.quantization.layer_weights import global_weights, split_layers
+from tests.tiny_models import AWQ_GROUP
 
-GROUP = 16  # divides every tiny model's input sizes (48, 64, 128)
+GROUP = AWQ_GROUP
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm",
               "modules_to_not_convert": None}
 LINEARS = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
