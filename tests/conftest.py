@@ -49,18 +49,20 @@ def quantizable_model(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def awq_model_dir(quantizable_model, tmp_path_factory):
-    """(variant, method "rtn" or "awq") -> an AutoAWQ GEMM checkpoint of the tiny model (group size AWQ_GROUP)."""
+    """(variant, method "rtn" or "awq", group size) -> an AutoAWQ GEMM checkpoint of the tiny model."""
     from jaxllm.entrypoints.cli import main
 
     cache = {}
 
-    def get(variant: str, method: str = "rtn"):
-        if (variant, method) not in cache:
-            out = tmp_path_factory.mktemp(f"{variant}-{method}") / f"{variant}-{method}"
+    def get(variant: str, method: str = "rtn", group_size: int = AWQ_GROUP):
+        key = (variant, method, group_size)
+        if key not in cache:
+            name = f"{variant}-{method}-g{group_size}"
+            out = tmp_path_factory.mktemp(name) / name
             assert main(["quantize", str(quantizable_model(variant)[0]), str(out), "--method", method,
-                         "--group-size", str(AWQ_GROUP), "--max-calibration-tokens", "1024"]) == 0
-            cache[variant, method] = out
-        return cache[variant, method]
+                         "--group-size", str(group_size), "--max-calibration-tokens", "1024"]) == 0
+            cache[key] = out
+        return cache[key]
 
     return get
 

@@ -3,6 +3,7 @@ greedy, on a workload with chunked prefill, prefix-cache hits and preemption. Pr
 {"MODEL/tpN": {"equal": bool, "preempted": int, "prefix_hits": int}} plus {"refused": {...: message}}.
 
     python -m tests.engine.tp_engine_worker MODEL_DIR=1,2,4 [MODEL_DIR=N,... ...] [--default-model]
+        [--refused MODEL_DIR=N ...]
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("models", nargs="*", help="MODEL_DIR=N,N,...: a model and the sizes to run it at")
     parser.add_argument("--default-model", action="store_true", help="also the default model at N = 3 (and 2)")
+    parser.add_argument("--refused", nargs="*", default=[], help="MODEL_DIR=N: a size expected to be refused")
     args = parser.parse_args()
-    results = {}
+    results = {"refused": {}}
     for spec in args.models:
         model, sizes = spec.rsplit("=", 1)
         results.update(compare(Path(model).name, model, [int(n) for n in sizes.split(",")], TINY, workload(),
@@ -74,7 +76,10 @@ def main() -> None:
         default = dict(max_model_len=256, max_num_seqs=2, max_num_batched_tokens=64)
         results.update(compare("default", None, [3], default, [[504, 3575, 282, 4649, 314], list(range(900, 960))],
                                max_tokens=8))
-        results["refused"] = {"default/tp2": refused(None, 2, default)}
+        results["refused"]["default/tp2"] = refused(None, 2, default)
+    for spec in args.refused:
+        model, size = spec.rsplit("=", 1)
+        results["refused"][f"{Path(model).name}/tp{size}"] = refused(model, int(size), TINY)
     print(json.dumps(results))
 
 

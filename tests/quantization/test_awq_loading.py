@@ -249,3 +249,47 @@ def test_checkpoint_tensors_are_what_the_tests_assume(awq_model_dir):
     """The tiny AWQ checkpoints hold every linear packed, q_proj [64 -> 64] at group size GROUP."""
     with safe_open(str(awq_model_dir("llama3") / "model.safetensors"), framework="numpy") as f:
         assert f.get_tensor(Q + ".qweight").shape == (64, 8) and f.get_tensor(Q + ".scales").shape == (64 // GROUP, 64)
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+
+
+def write_dequantized_hf_dir(source, target):
+    """A float32 Hugging Face directory of an AWQ checkpoint's dequantized weights, config without
+    quantization_config, tokenizer files copied: what an unquantized model of the same weights looks like."""
+    from jaxllm.quantization.checkpoint import DENSE_LAYER_NAMES, GLOBAL_NAMES, LINEAR_NAMES
+
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors"))
+    hf, glob, layers = read_dequantized(source)
+    del hf["quantization_config"]
+    (target / "config.json").write_text(json.dumps(hf))
+    tensors = {GLOBAL_NAMES[f]: a for f, a in glob.items()}
+    for i, layer in enumerate(layers):
+        names = {**DENSE_LAYER_NAMES, **{f: f"{n}.weight" for f, n in LINEAR_NAMES.items()}}
+        tensors.update({f"model.layers.{i}.{names[f]}": np.ascontiguousarray(a) for f, a in layer.items()})
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def test_llm_generates_the_float_models_greedy_tokens(awq_model_dir, tmp_path):
+    from jaxllm import LLM, SamplingParams
+
+    awq_dir = awq_model_dir("llama3", "awq")
+    dense_dir = write_dequantized_hf_dir(awq_dir, tmp_path / "dense")
+    prompts = ["The quick brown fox", "int4 weights", "a"]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    common = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32)
+    got = LLM(str(awq_dir), quantization="awq", **common).generate(prompts, params)
+    want = LLM(str(dense_dir), **common).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert len({tuple(o.outputs[0].token_ids) for o in got}) == len(prompts)  # not one degenerate sequence
+
+
+def test_quantization_is_an_engine_argument_and_a_flag():
+    from jaxllm.engine.args import EngineArgs
+    from jaxllm.entrypoints.cli import build_parser
+
+    for command in (["serve"], ["generate", "hi"]):
+        assert build_parser().parse_args([*command, "--quantization", "awq"]).quantization == "awq"
+    with pytest.raises(ValueError, match="quantization must be one of awq \\(or unset\\), got 'int8'"):
+        EngineArgs(quantization="int8")
