@@ -42,6 +42,8 @@ class LlamaParams:
     lm_head: Optional[jax.Array] = None  # [V, H]; None when tied to `embed`
 
 
+LINEAR_FIELDS = ("w_qkv", "wo", "w_gate_up", "w_down")  # the LayerParams fields that hold any weight format
+
 # fused LayerParams field -> the checkpoint fields joined along the output axis, in this order
 FUSED_FIELDS = {"w_qkv": ("wq", "wk", "wv"), "b_qkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
 _FUSED_PARTS = {part for parts in FUSED_FIELDS.values() for part in parts}

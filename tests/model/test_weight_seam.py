@@ -22,10 +22,10 @@ from jax.sharding import PartitionSpec as P
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, weights
 from jaxllm.model import tensor_parallel as tp
+from jaxllm.model.params import LINEAR_FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
 LOGITS_TOLERANCE = 1e-5  # float32
-LINEAR_FIELDS = ("w_qkv", "wo", "w_gate_up", "w_down")
 
 
 class RowScaled(weights.WeightFormat):
