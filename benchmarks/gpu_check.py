@@ -16,7 +16,8 @@ the other, each in its own try block, so a failing section is reported and the r
     engine        the whole engine on a random-weight SmolLM2-shaped model in bf16, Pallas attention: warm-up
                   (programs, seconds), then a mixed workload with async scheduling on and off: output tokens/s
                   and the programs it compiled after warm-up (must be 0); a third row on the tensor-parallel
-                  code path at N = 1
+                  code path at N = 1; a fourth with the weights RTN int4 AWQ (the dequant-matmul kernel in
+                  every linear)
     awq           int4 AWQ dequant-matmul kernels vs a bf16 dot vs XLA dequantize + dot at Llama-3-8B shapes,
                   M = 1, 16, 64, 256: microseconds, fraction of the HBM roofline, error vs the reference
     tuning        kernel time for a few settings of the tiling knobs, to pick the defaults from measurements
@@ -331,6 +332,9 @@ def decode_steps(config: ModelConfig, attention: str, params, step, num_blocks: 
     return {"step_ms": sec * 1e3, "tokens_per_s": len(step.context_lens) / sec, "compile_s": compile_s}
 
 
+AWQ_ENGINE_GROUP = 64  # SmolLM2's hidden size 576 has no group of 128
+
+
 def section_engine(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
     """LLMEngine with Pallas attention: warm-up of the whole program set, then a mixed workload compiling nothing;
     with async scheduling on and off, and through the tensor-parallel code path at N = 1 (shard_map, the split
@@ -340,10 +344,14 @@ def section_engine(profile: Profile, interpret: bool, deadline: float) -> list[d
                                                                                  jnp.bfloat16))
     cache = tempfile.mkdtemp(prefix="gpu-check-xla-cache-")  # the second engine loads what the first compiled
     rows = []
-    for async_scheduling, tp_size in ((True, None), (False, None), (True, 1)):
+    for weights, async_scheduling, tp_size in (("bf16", True, None), ("bf16", False, None), ("bf16", True, 1),
+                                               ("awq", True, None)):
         if out_of_time(deadline, "engine"):
             return rows
-        row = {"async_scheduling": async_scheduling, "tensor_parallel_size": tp_size}
+        if weights == "awq":  # the same weights RTN int4 (group 64), kept packed: the AWQ kernel inside every step
+            from jaxllm.quantization.rtn_params import rtn_awq_params
+            params = jax.device_put(rtn_awq_params(params, AWQ_ENGINE_GROUP))
+        row = {"weights": weights, "async_scheduling": async_scheduling, "tensor_parallel_size": tp_size}
         rows.append(measured(row, functools.partial(engine_run, profile, config, params, async_scheduling, tp_size,
                                                     cache)))
     return rows

@@ -22,6 +22,7 @@ def test_gpu_check_cpu_smoke(tmp_path):
     assert all(row["ok"] for row in results["correctness"]["rows"])
     assert {row["impl"] for row in results["kernels"]["rows"]} == {"reference", "ragged", "split_kv", "xla_scatter"}
     assert {row["attention"] for row in results["end_to_end"]["rows"]} == {"pallas", "reference"}
-    assert [row["compiles_after_warmup"] for row in results["engine"]["rows"]] == [0, 0, 0]
-    assert [row["tensor_parallel_size"] for row in results["engine"]["rows"]] == [None, None, 1]
+    assert [row["compiles_after_warmup"] for row in results["engine"]["rows"]] == [0, 0, 0, 0]
+    assert [row["tensor_parallel_size"] for row in results["engine"]["rows"]] == [None, None, 1, None]
+    assert [row["weights"] for row in results["engine"]["rows"]] == ["bf16", "bf16", "bf16", "awq"]
     assert "== end_to_end: ok" in proc.stdout

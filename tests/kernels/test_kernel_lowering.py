@@ -39,3 +39,30 @@ def test_split_kv_kernel_lowers_to_triton(layout, dtype):
     fn = functools.partial(split_kv_paged_attention, sm_scale=0.1, num_splits=4)
     text = lower_for_cuda(fn, *case.args())
     assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+@pytest.mark.parametrize("num_tokens", [4, 64], ids=["decode_small_m", "prefill_large_m"])
+def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(monkeypatch, num_tokens):
+    """The whole forward of an int4 AWQ model (bf16 activations) lowered for CUDA: each of a layer's four linears
+    (q|k|v, o, gate|up, down) becomes a Triton dequant-matmul call in the layer scan's body, next to attention's."""
+    from jaxllm.config import ModelConfig
+    from jaxllm.model import SequenceChunk, attention, awq_weight, build_step_batch, init_kv_cache, jit_forward
+    from jaxllm.model import random_params
+    from jaxllm.quantization.rtn_params import rtn_awq_params
+
+    monkeypatch.setattr(attention, "_on_gpu", lambda: True)  # trace the kernels, not the CPU paths
+    monkeypatch.setattr(awq_weight, "use_kernel", lambda: True)
+    config = ModelConfig(architecture="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=32)
+    dense = random_params(config, jax.random.key(0), jnp.bfloat16)
+    chunks = [SequenceChunk(list(range(3, 3 + num_tokens // 2)), 0, [1, 2, 3, 4]),
+              SequenceChunk(list(range(3, 3 + num_tokens // 2)), 0, [5, 6, 7, 8])]
+    batch = jax.tree.map(jnp.asarray, build_step_batch(chunks, 16))
+    cache = init_kv_cache(config, 9, 16, jnp.bfloat16)
+
+    def triton_calls(params) -> int:
+        text = jit_forward(config, "pallas").trace(params, cache, batch).lower(lowering_platforms=("cuda",)).as_text()
+        return text.count("__gpu$xla.gpu.triton")
+
+    packed = jax.tree.map(jnp.asarray, rtn_awq_params(dense, group_size=32))
+    assert triton_calls(packed) == triton_calls(dense) + 4

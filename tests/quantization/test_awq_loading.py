@@ -293,3 +293,20 @@ def test_quantization_is_an_engine_argument_and_a_flag():
         assert build_parser().parse_args([*command, "--quantization", "awq"]).quantization == "awq"
     with pytest.raises(ValueError, match="quantization must be one of awq \\(or unset\\), got 'int8'"):
         EngineArgs(quantization="int8")
+
+
+def test_rtn_params_in_memory_dequantize_to_the_fake_quantized_weights():
+    from jaxllm.config import ModelConfig
+    from jaxllm.model import random_params
+    from jaxllm.quantization.group_quant import fake_quantize
+    from jaxllm.quantization.rtn_params import rtn_awq_params
+
+    config = ModelConfig(architecture="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=16)
+    dense = random_params(config, jax.random.key(1), scale=0.1)
+    packed = rtn_awq_params(dense, GROUP)
+    for field in FUSED:
+        w = getattr(dense.layers, field)  # [L, N, K]
+        for layer in range(config.num_layers):
+            got = dequantize(jax.tree.map(lambda leaf: leaf[layer], getattr(packed.layers, field)).packed)  # [K, N]
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(fake_quantize(w[layer], GROUP)).T)
