@@ -7,6 +7,7 @@ from typing import Sequence
 
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine, PromptType
+from jaxllm.lora.request import LoRARequest
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.tokenizer import chat_prompt_ids
@@ -18,7 +19,8 @@ class LLM:
     Arguments are EngineArgs fields: model (None: the default model), dtype, max_model_len, max_num_seqs,
     max_num_batched_tokens, block_size, num_gpu_blocks, gpu_memory_utilization, kv_cache_memory_bytes,
     enable_prefix_caching, enable_chunked_prefill, scheduling_policy, seed, attention, warmup, async_scheduling,
-    compilation_cache_dir, skip_tokenizer, tensor_parallel_size (see jaxllm.engine.args.EngineArgs).
+    compilation_cache_dir, skip_tokenizer, tensor_parallel_size, enable_lora, max_loras, max_lora_rank,
+    max_cpu_loras (see jaxllm.engine.args.EngineArgs).
     """
 
     def __init__(self, model: str | None = None, **engine_args):
@@ -34,20 +36,24 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Outputs in the order of `prompts`. A prompt is a string, a list of token ids, or a dict with
-        "prompt" or "prompt_token_ids"; sampling_params is one for all prompts or one per prompt. Each output
-        holds n completions (with best_of > n: the n of highest cumulative logprob, best first)."""
+        "prompt" or "prompt_token_ids" (and optionally its own "lora_request"); sampling_params is one for all
+        prompts or one per prompt. lora_request (LLM(..., enable_lora=True)): one adapter for all prompts, or one
+        per prompt (None: the base model). Each output holds n completions (with best_of > n: the n of highest
+        cumulative logprob, best first)."""
         prompts = self._as_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
+        loras = self._loras_per_prompt(lora_request, prompts)
         priority = list(priority) if priority is not None else [0] * len(prompts)
         if len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         ids = []
         try:
-            for prompt, p, prio in zip(prompts, params, priority):
+            for prompt, p, prio, lora in zip(prompts, params, priority, loras):
                 ids.append(str(next(self._ids)))
-                self.engine.add_request(ids[-1], prompt, p, priority=prio, output_kind="final")
+                self.engine.add_request(ids[-1], prompt, p, priority=prio, output_kind="final", lora_request=lora)
         except ValueError:
             self.engine.abort_request(ids)
             raise
@@ -58,11 +64,13 @@ class LLM:
         messages: Sequence[dict] | Sequence[Sequence[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a list of them."""
+        """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a list of them;
+        lora_request as in generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [{"prompt_token_ids": chat_prompt_ids(self.get_tokenizer(), c)} for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -93,6 +101,17 @@ class LLM:
         if prompts and all(isinstance(t, int) for t in prompts):
             return [prompts]  # one prompt given as token ids
         return prompts
+
+    @staticmethod
+    def _loras_per_prompt(lora_request, prompts: list) -> list[LoRARequest | None]:
+        """One adapter (or None) per prompt: a prompt dict's own "lora_request" wins over the argument."""
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"got {len(loras)} lora_request entries for {len(prompts)} prompts")
+        return [p.get("lora_request", lora) if isinstance(p, dict) else lora for p, lora in zip(prompts, loras)]
 
     @staticmethod
     def _params_per_prompt(sampling_params, count: int) -> list[SamplingParams]:

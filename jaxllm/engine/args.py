@@ -39,7 +39,7 @@ XLA_MEM_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_
 # at least this many (field: minimum), checked when the field is set
 MINIMUMS = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
             "num_gpu_blocks": 2, "kv_cache_memory_bytes": 1, "tensor_parallel_size": 1,
-            "num_processes": 1, "process_id": 0}
+            "num_processes": 1, "process_id": 0, "max_loras": 1, "max_lora_rank": 1, "max_cpu_loras": 1}
 
 
 def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -86,6 +86,12 @@ class EngineArgs:
                                                   "columns, vocabulary); unset: one device, unsharded; 1 runs the "
                                                   "sharded code path on one device; with several processes "
                                                   "it must be (and unset it is) every device of every process")
+    enable_lora: bool = _arg(False, "serve LoRA adapters (PEFT directories) per request over the base model")
+    max_loras: int = _arg(1, "LoRA adapters held on the device at once (one step may mix them all); requests "
+                             "for others wait for a slot")
+    max_lora_rank: int = _arg(16, "the largest LoRA rank accepted (every slot is sized for it)")
+    max_cpu_loras: int | None = _arg(None, "LoRA adapters kept in host memory (read again from their directory "
+                                           "after eviction); unset: max_loras")
     num_processes: int | None = _arg(None, "processes (one per host) that run the model together; unset: "
                                            f"${distributed.ENVIRONMENT['num_processes']}, else 1")
     process_id: int | None = _arg(None, "this process's index, 0 to num_processes - 1 (0 serves HTTP); unset: "
@@ -110,6 +116,8 @@ class EngineArgs:
         self.process_group()  # num_processes, process_id and coordinator_address (or their variables) agree
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for field in dataclasses.fields(self):
@@ -171,6 +179,15 @@ class EngineArgs:
                              f"at least 2 are needed")
         return int(num_blocks)
 
+    def lora_slot_bytes(self, loaded) -> int:
+        """Bytes of the LoRA adapters' device slots on one device (0 with LoRA off)."""
+        if not self.enable_lora:
+            return 0
+        from jaxllm.lora.device_slots import slot_bytes
+
+        itemsize = np.dtype(params_dtype(loaded.params)).itemsize
+        return slot_bytes(loaded.config, self.max_loras, self.max_lora_rank, itemsize, self.tensor_parallel_size or 1)
+
     def _kv_block_bytes_per_device(self, loaded) -> int:
         """One KV block's bytes on one device: its share of the (replicated when needed) KV heads."""
         config = loaded.config
@@ -199,7 +216,7 @@ class EngineArgs:
                         "XLA_CLIENT_MEM_FRACTION for more)", self.gpu_memory_utilization, wanted / 2**30,
                         limit / 2**30)
         usable = min(wanted, limit)
-        weights = param_bytes_per_device(loaded.params)
+        weights = param_bytes_per_device(loaded.params) + self.lora_slot_bytes(loaded)
         budget = int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - weights)
         if budget < 2 * per_block:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} leaves too little for the KV "

@@ -31,6 +31,9 @@ from jaxllm.engine.output_processor import OUTPUT_KINDS, OutputProcessor
 from jaxllm.engine.request import Request, RequestStatus
 from jaxllm.engine.runner import InflightStep, ModelRunner
 from jaxllm.engine.scheduler import Scheduler, SchedulerOutput
+from jaxllm.lora.manager import LoRAManager
+from jaxllm.lora.request import LoRARequest
+from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
@@ -59,10 +62,13 @@ class LLMEngine:
             self.cache_config, num_blocks=distributed.agree_on_minimum(self.cache_config.num_blocks))
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
+        self.lora = _lora_manager(args, self.loaded)  # None unless enable_lora
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
-                                  attention=args.attention, eos_token_ids=self.eos_token_ids, mesh=self.mesh)
+                                  attention=args.attention, eos_token_ids=self.eos_token_ids, mesh=self.mesh,
+                                  lora=self.lora)
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size))
+        self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
+                                   self.lora)
         self.processor = OutputProcessor(self.tokenizer)
         self.num_steps = 0
         self._rng_streams = itertools.count()
@@ -73,9 +79,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
-                    arrival_time: float | None = None, priority: int = 0, output_kind: str = "cumulative") -> None:
-        """Queue a request; raises ValueError (naming the field) if it is invalid or could never fit."""
+                    arrival_time: float | None = None, priority: int = 0, output_kind: str = "cumulative",
+                    lora_request: LoRARequest | None = None) -> None:
+        """Queue a request; raises ValueError (naming the field) if it is invalid or could never fit.
+        lora_request: the adapter to run it with (None: the base model); its files are read and checked the
+        first time it is seen."""
         params = params or SamplingParams()
+        lora_int_id = self._register_lora(lora_request)
         if output_kind not in OUTPUT_KINDS:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         if request_id in self.processor.parents:
@@ -87,7 +97,8 @@ class LLMEngine:
         children = [Request(request_id if num_sequences == 1 else f"{i}_{request_id}", token_ids,
                             self._child_params(params, i), arrival_time=arrival, priority=priority,
                             eos_token_ids=self.eos_token_ids, sample_index=i, ranked=params.ranks_sequences,
-                            rng_stream=next(self._rng_streams)) for i in range(num_sequences)]
+                            rng_stream=next(self._rng_streams), lora_int_id=lora_int_id)
+                    for i in range(num_sequences)]
         for child in children[1:]:
             child.wait_for = children[0]  # siblings reuse the first one's prompt blocks via the prefix cache
         added = []
@@ -101,6 +112,18 @@ class LLMEngine:
                 self.scheduler.abort(child.request_id)
             self.processor.forget(request_id)
             raise
+
+    def _register_lora(self, lora_request: LoRARequest | None) -> int:
+        """The adapter's id (0 for none), registering it with the manager."""
+        if lora_request is None:
+            return 0
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest or None, got {type(lora_request).__name__}")
+        if self.lora is None:
+            raise ValueError(f"lora_request {lora_request.lora_name!r} given, but LoRA is not enabled "
+                             "(enable_lora=True)")
+        self.lora.register(lora_request)
+        return lora_request.lora_int_id
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
@@ -217,6 +240,15 @@ class LLMEngine:
             "num_free_blocks": pool.num_free_blocks,
             "num_total_blocks": pool.num_usable_blocks,
         }
+
+
+def _lora_manager(args: EngineArgs, loaded) -> LoRAManager | None:
+    if not args.enable_lora:
+        return None
+    if args.process_group().num_processes > 1:
+        raise ValueError("enable_lora is not supported with several processes yet")
+    return LoRAManager(loaded.config, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                       max_cpu_loras=args.max_cpu_loras or args.max_loras, dtype=params_dtype(loaded.params))
 
 
 def _load(args: EngineArgs):

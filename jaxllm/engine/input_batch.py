@@ -82,8 +82,10 @@ class StepInputs:
 
 class InputBatch:
     def __init__(self, buckets: Buckets, block_size: int, max_model_len: int, vocab_size: int, *, base_seed: int,
-                 eos_token_ids: tuple[int, ...]):
+                 eos_token_ids: tuple[int, ...], lora: bool = False):
+        """lora: the step batch carries each token's LoRA slot (SchedulerOutput.lora_slot_of)."""
         self.buckets = buckets
+        self.lora = lora
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
@@ -104,6 +106,8 @@ class InputBatch:
         q_lens = np.fromiter((c.num_new_tokens for c in chunks), np.int32, len(chunks))
         starts = np.fromiter((c.num_computed_before for c in chunks), np.int32, len(chunks))
         batch, prev_rows, key = self._step_batch(chunks, cached, q_lens, starts)
+        if self.lora:
+            batch = batch.replace(lora_slots=self._lora_slots(out, q_lens, len(batch.token_ids)))
         sampled_rows = [i for i, c in enumerate(chunks) if c.samples]
         spans = self._prompt_spans(chunks)
         batch.logits_indices[:len(sampled_rows)] = batch.query_start_loc[sampled_rows] + q_lens[sampled_rows] - 1
@@ -164,6 +168,15 @@ class InputBatch:
         batch = StepBatch(token_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
                           logits_indices, decode_only=key.decode_only)
         return batch, prev_rows, key
+
+    @staticmethod
+    def _lora_slots(out: SchedulerOutput, q_lens: np.ndarray, num_tokens: int) -> np.ndarray:
+        """[T] int32: each token's adapter slot (its request's), 0 for the base model and for padding."""
+        per_chunk = np.fromiter((out.lora_slot_of[c.request.lora_int_id] for c in out.chunks), np.int32,
+                                len(out.chunks))
+        slots = np.zeros(num_tokens, np.int32)
+        slots[:int(q_lens.sum())] = np.repeat(per_chunk, q_lens)
+        return slots
 
     def _prompt_spans(self, chunks) -> list[PromptSpan]:
         """Prompt positions needing logprobs, per chunk: each reported once, by the first sample (a request

@@ -7,6 +7,8 @@ hit on block i implies the whole prefix up to i matches.
     request tokens:  | t0 .. t15 | t16 .. t31 | t32 .. t37      |
     blocks:          |   b12     |    b4      |   b30 (partial) |
     hashes:          h0 = H(-, t0..t15)   h1 = H(h0, t16..t31)   (partial blocks are never cached)
+
+The chain's root names the request's LoRA adapter (its K/V differ from the base model's): hits never cross adapters.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from jaxllm.engine.block_pool import Block, BlockPool
 from jaxllm.engine.request import Request
 
 
-def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
-    digest = hashlib.sha256(parent or b"root")
+def hash_block(parent: bytes | None, token_ids: Sequence[int], lora_int_id: int = 0) -> bytes:
+    """The block's hash: its parent's chained with its tokens; a first block's chain starts from its adapter."""
+    digest = hashlib.sha256(parent or (b"root" if lora_int_id == 0 else b"lora %d" % lora_int_id))
     digest.update(np.asarray(token_ids, np.int64).tobytes())
     return digest.digest()
 
@@ -107,5 +110,5 @@ class KVCacheManager:
         tokens = request.all_token_ids
         for i in range(len(hashes), len(tokens) // self.block_size):
             block_tokens = tokens[i * self.block_size:(i + 1) * self.block_size]
-            hashes.append(hash_block(hashes[-1] if hashes else None, block_tokens))
+            hashes.append(hash_block(hashes[-1] if hashes else None, block_tokens, request.lora_int_id))
         return hashes

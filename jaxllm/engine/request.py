@@ -42,6 +42,7 @@ class Request:
     sample_index: int = 0  # which of the parent's samples (n, or best_of) this is
     ranked: bool = False  # one of best_of > n samples: its cumulative logprob decides whether it is returned
     rng_stream: int = 0  # distinct per request: unseeded sampling noise is drawn from (engine seed, stream)
+    lora_int_id: int = 0  # the LoRA adapter it runs with (LoRARequest.lora_int_id); 0: the base model
     wait_for: "Request | None" = None  # a sibling whose prompt must be computed first (n > 1 prefix sharing)
     first_token_time: float | None = None
     finished_time: float | None = None

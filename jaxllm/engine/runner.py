@@ -1,6 +1,7 @@
 """ModelRunner: the only owner of device state (params, KV pool) and of the step's compiled programs.
 
     dispatch(SchedulerOutput):
+        adapters newly assigned to LoRA slots written into them (one compiled program, slots donated)
         InputBatch.prepare -> StepInputs (numpy, padded to the buckets)
         -> forward program (kv donated) -> hidden rows [R, H], on the device
         -> sampler program over the sampled rows' logits; prompt-logprob program over the prompt rows
@@ -18,7 +19,7 @@ import logging
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
@@ -27,6 +28,8 @@ from jaxllm.engine.output_processor import SampleResult
 from jaxllm.engine.request import Request
 from jaxllm.engine.scheduler import SchedulerOutput
 from jaxllm.engine.step_programs import StepPrograms
+from jaxllm.lora import device_slots
+from jaxllm.lora.manager import LoRAManager
 from jaxllm.model import init_kv_cache
 from jaxllm.model.tensor_parallel import init_sharded_kv_cache
 from jaxllm.model.attention import resolve_attention
@@ -48,10 +51,13 @@ class InflightStep:
 
 class ModelRunner:
     def __init__(self, loaded, cache: CacheConfig, scheduler: SchedulerConfig, *, seed: int = 0,
-                 attention: str = "auto", eos_token_ids: tuple[int, ...] = (), mesh: Mesh | None = None):
+                 attention: str = "auto", eos_token_ids: tuple[int, ...] = (), mesh: Mesh | None = None,
+                 lora: LoRAManager | None = None):
         """`mesh`: None, or the tensor-parallel mesh loaded.params are split over (tensor_parallel.shard_params);
-        the KV pool is then split over it too."""
+        the KV pool is then split over it too. `lora`: None, or the adapters' manager (LoRA enabled): the runner
+        then holds its max_loras device slots."""
         self.config = loaded.config
+        self.mesh = mesh
         self.params = loaded.params
         dtype = params_dtype(self.params)
         self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, dtype) if mesh is None else \
@@ -59,8 +65,13 @@ class ModelRunner:
         self.buckets = Buckets(scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
                                decode_only_programs=resolve_attention(attention) == "pallas")
         self.inputs = InputBatch(self.buckets, cache.block_size, scheduler.max_model_len, self.config.vocab_size,
-                                 base_seed=seed, eos_token_ids=eos_token_ids)
-        self.programs = StepPrograms(self.config, attention, self.buckets, self.inputs.max_blocks, mesh)
+                                 base_seed=seed, eos_token_ids=eos_token_ids, lora=lora is not None)
+        self.lora = lora
+        self.lora_slots = None if lora is None else device_slots.init_slots(
+            self.config, lora.max_loras, lora.max_lora_rank, dtype, mesh)
+        self._write_slot = None if lora is None else device_slots.slot_writer(mesh)
+        self.programs = StepPrograms(self.config, attention, self.buckets, self.inputs.max_blocks, mesh,
+                                     lora_slots=_abstract_placed(self.lora_slots))
         self._neutral: dict[int, LogitAdjustments] = {}  # per S bucket, on the device: "no adjustments"
         self._next_tokens = jax.device_put(np.zeros(self.buckets.num_sample_rows, np.int32))  # last step's samples
 
@@ -75,15 +86,21 @@ class ModelRunner:
     def warmup(self) -> None:
         """Build every program of the bucket set: after this no step compiles anything."""
         self.programs.compile_all(self.params, self.kv)
+        if self.lora is not None:
+            slot = jax.ShapeDtypeStruct((), np.int32)
+            adapter = device_slots.abstract_adapter(self.lora_slots, None if self.mesh is None else
+                                                    NamedSharding(self.mesh, PartitionSpec()))
+            self._write_slot = self._write_slot.lower(_abstract_placed(self.lora_slots), slot, adapter).compile()
 
     def forget(self, request_ids) -> None:
         """Drop what is kept for requests that ended (dispatch does this for the ids a schedule reports)."""
         self.inputs.forget(request_ids)
 
     def dispatch(self, out: SchedulerOutput) -> InflightStep:
+        self._load_adapters(out.lora_loads)
         inputs = self.inputs.prepare(out)
         hidden, self.kv = self.programs(inputs.forward_key, self.params, self.kv, inputs.batch, self._next_tokens,
-                                        inputs.prev_rows)
+                                        inputs.prev_rows, self.lora_slots)
         sampled = None
         if inputs.sample_key is not None:
             sampled, self._next_tokens = self.programs(inputs.sample_key, self.params, hidden,
@@ -95,6 +112,15 @@ class ModelRunner:
                                             inputs.prompt_targets[first:first + PROMPT_ROWS]))
         self.inputs.commit(inputs)
         return InflightStep(inputs, sampled, prompt_out)
+
+    def _load_adapters(self, loads: list[tuple[int, int]]) -> None:
+        """Write each (slot, lora id) the scheduler assigned into its device slot, before the step reads it."""
+        tp_size = None if self.mesh is None else self.mesh.size
+        for slot, lora_int_id in loads:
+            adapter = device_slots.lay_out(self.lora.host_adapter(lora_int_id), self.config, tp_size)
+            if self.mesh is not None:  # the write program takes the adapter replicated over the mesh
+                adapter = jax.device_put(adapter, NamedSharding(self.mesh, PartitionSpec()))
+            self.lora_slots = self._write_slot(self.lora_slots, np.int32(slot), adapter)
 
     def _with_adjustments(self, sampling: SamplingBatch) -> SamplingBatch:
         if sampling.adjustments is not None:
@@ -117,6 +143,11 @@ class ModelRunner:
             request = cached.request
             results[request.request_id] = _sample_result(sampled, row, int(tokens[row]), request)
         return results, _prompt_logprobs(inputs, prompt_out)
+
+
+def _abstract_placed(tree):
+    """Shapes, dtypes and placements of device arrays (None stays None)."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
 
 def _sample_result(sampled, row: int, token: int, request: Request) -> SampleResult:

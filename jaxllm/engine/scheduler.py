@@ -27,6 +27,7 @@ from jaxllm.config import SchedulerConfig
 from jaxllm.engine.block_pool import Block
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.request import Request, RequestStatus
+from jaxllm.lora.manager import LoRAManager
 
 
 @dataclasses.dataclass
@@ -49,6 +50,8 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk]  # running requests first, then newly admitted ones
     preempted: list[Request]
     finished_request_ids: list[str] = dataclasses.field(default_factory=list)  # ended since the last schedule
+    lora_loads: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (slot, lora id) to write first
+    lora_slot_of: dict[int, int] = dataclasses.field(default_factory=lambda: {0: 0})  # lora id -> its slot
 
     @property
     def num_tokens(self) -> int:
@@ -56,9 +59,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, lora: LoRAManager | None = None):
+        """lora: the adapters' manager when LoRA is on: a waiting request is admitted only once its adapter has a
+        device slot (LoRAManager.acquire); otherwise it waits, and requests behind it may go first."""
         self.config = config
         self.kv_cache = kv_cache
+        self.lora = lora
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -143,7 +149,10 @@ class Scheduler:
             chunk.request.num_computed_tokens += chunk.num_new_tokens
             chunk.request.num_pending += chunk.samples
         finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(chunks, preempted, finished)
+        out = SchedulerOutput(chunks, preempted, finished)
+        if self.lora is not None:
+            out.lora_loads, out.lora_slot_of = self.lora.take_loads(), {0: 0, **self.lora.slots}
+        return out
 
     def _finishes_with_pending_token(self, request: Request) -> bool:
         """The pending token takes the request to its length limit: it ends when that token arrives."""
@@ -156,6 +165,9 @@ class Scheduler:
             request = self._pop_next_waiting()
             if request.num_pending:  # preempted with a token still on its way: readmit once it is known
                 skipped.append(request)
+                continue
+            if self.lora is not None and self.lora.acquire(request.lora_int_id, self._adapters_running()) is None:
+                skipped.append(request)  # every adapter slot is in use by running requests
                 continue
             first = request.wait_for
             if first is not None and not first.status.finished and not (first.is_prefill_done and
@@ -182,6 +194,9 @@ class Scheduler:
         for request in reversed(skipped):
             self._push_front(request)
         return budget
+
+    def _adapters_running(self) -> set[int]:
+        return {r.lora_int_id for r in self.running}
 
     def _pop_next_waiting(self) -> Request:
         if self.config.policy == "priority":

@@ -1,8 +1,11 @@
 """The engine's jitted programs, compiled ahead of time per bucket (engine/bucketing.py) and kept by key.
 
-    forward(params, kv, batch, prev_tokens, prev_rows) -> (hidden [R, H], kv)          kv donated
+    forward(params, kv, batch, prev_tokens, prev_rows, lora) -> (hidden [R, H], kv)    kv donated
         batch.token_ids [T], with the previous step's sampled tokens swapped in where prev_rows [T] >= 0: under
         async scheduling a token sampled by step t is fed to step t + 1 without visiting the host.
+        lora: None, or the adapters' device slots (lora/device_slots.py): each linear then adds the delta of
+        the adapter in its token's slot, batch.lora_slots [T] (model/lora_weight.py). Which adapters a step
+        mixes is data: the program is the same.
     sample(params, hidden, sampling) -> (SamplerOutput [S], next_tokens [S_max])
         logits [S, V] = LM head of hidden[:S], on the device only; next_tokens is the prev_tokens of the next step.
     prompt_logprobs(params, hidden, first_row, targets [P]) -> (logprob [P], rank [P], top ids [P, N], top lps [P, N])
@@ -26,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxllm.config import ModelConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
-from jaxllm.model import StepBatch, compute_logits, forward_hidden
+from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
 from jaxllm.model.tensor_parallel import sharded_forward_hidden
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import sample
@@ -36,9 +39,11 @@ from jaxllm.sampling_params import MAX_LOGPROBS
 logger = logging.getLogger(__name__)
 
 
-def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, *, config, attention, mesh):
+def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, config, attention, mesh):
     tokens = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], batch.token_ids)  # [T]
     batch = batch.replace(token_ids=tokens)
+    if lora is not None:
+        params = params.replace(layers=lora_weight.attach(params.layers, lora, batch.lora_slots))
     if mesh is None:
         return forward_hidden(params, kv, batch, config=config, attention=attention)
     return sharded_forward_hidden(params, kv, batch, config=config, mesh=mesh, attention=attention)
@@ -71,8 +76,10 @@ class StepPrograms:
     programs' other inputs are then replicated over it."""
 
     def __init__(self, config: ModelConfig, attention: str, buckets: Buckets, max_blocks_per_seq: int,
-                 mesh: Mesh | None = None):
+                 mesh: Mesh | None = None, lora_slots=None):
+        """lora_slots: None, or the adapters' device slots (their shapes are the programs' lora argument)."""
         self.config = config
+        self.lora_slots = lora_slots
         self.buckets = buckets
         self.max_blocks_per_seq = max_blocks_per_seq
         self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
@@ -125,6 +132,8 @@ class StepPrograms:
         device arrays keep their own placement)."""
         if self._replicated is None or not isinstance(leaf, (jax.ShapeDtypeStruct, np.ndarray, np.generic)):
             return leaf
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is not None:
+            return leaf  # placed already (the LoRA slots, split like their base weights)
         return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=self._replicated)
 
     def _example_args(self, key: ProgramKey, params, kv) -> tuple:
@@ -132,7 +141,8 @@ class StepPrograms:
         if key.kind == "forward":
             num_tokens = key.size
             return (params, kv, self.abstract_step_batch(num_tokens, key.decode_only),
-                    _abstract((self.buckets.num_sample_rows,), jnp.int32), _abstract((num_tokens,), jnp.int32))
+                    _abstract((self.buckets.num_sample_rows,), jnp.int32), _abstract((num_tokens,), jnp.int32),
+                    self.lora_slots)
         if key.kind == "sample":
             return params, hidden, abstract_sampling_batch(key.size, self.config.vocab_size)
         return params, hidden, _abstract((), jnp.int32), _abstract((PROMPT_ROWS,), jnp.int32)
@@ -142,7 +152,8 @@ class StepPrograms:
         tokens = _abstract((num_tokens,), jnp.int32)
         return StepBatch(tokens, tokens, tokens, _abstract((rows, self.max_blocks_per_seq), jnp.int32),
                          _abstract((rows,), jnp.int32), _abstract((rows + 1,), jnp.int32),
-                         _abstract((self.buckets.num_logits_rows,), jnp.int32), decode_only=decode_only)
+                         _abstract((self.buckets.num_logits_rows,), jnp.int32),
+                         lora_slots=None if self.lora_slots is None else tokens, decode_only=decode_only)
 
 
 def abstract_sampling_batch(num_rows: int, vocab_size: int) -> SamplingBatch:

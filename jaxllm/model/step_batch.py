@@ -9,6 +9,7 @@ Built on the host with numpy and padded to bucket sizes, so the jitted forward o
     context_lens    [S]       tokens of each sequence in the pool after this step (cached + new); 0 for padding
     query_start_loc [S+1]     sequence s owns tokens query_start_loc[s]:query_start_loc[s+1]
     logits_indices  [R]       which tokens' final hidden states (and logits) the step returns
+    lora_slots      [T]       each token's LoRA adapter slot (0: the base model); None when LoRA is off
     decode_only     static    every sequence has at most one new token (lets the Pallas path pick its split-KV
                               kernel); the reference attention ignores it
 
@@ -18,7 +19,7 @@ Built on the host with numpy and padded to bucket sizes, so the jitted forward o
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -36,6 +37,7 @@ class StepBatch:
     context_lens: jax.Array
     query_start_loc: jax.Array
     logits_indices: jax.Array
+    lora_slots: Optional[jax.Array] = None
     decode_only: bool = struct.field(pytree_node=False, default=False)
 
 

@@ -1,0 +1,84 @@
+"""The adapters' device slots: per linear field, the A and B matrices of max_loras adapters, stacked.
+
+    slots[field] = (a [L, S, PR, K], b [L, S, N, PR])     S = max_loras; the slot a token names is 1..S (0: none)
+
+Owned by the runner (device arrays), written one adapter at a time between steps by one compiled program
+(the slot is a traced index, so any slot and any adapter reuse it), read by the forward program (LoRAWeight).
+Under tensor parallelism the slots are split like their base weights (lora_weight.py): b's rows of the fused
+fields are laid out shard-major as the base weights are (tensor_parallel.qkv_rows, gate_up_rows).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from jaxllm.config import ModelConfig
+from jaxllm.lora.peft import HostAdapter, field_shapes
+from jaxllm.model import tensor_parallel
+
+SlotArrays = dict  # LayerParams field -> (a [L, S, PR, K], b [L, S, N, PR])
+
+
+def slot_shapes(config: ModelConfig, max_loras: int, max_rank: int) -> dict[str, tuple[tuple, tuple]]:
+    """Per field: the shapes of (a, b): one adapter's [L, PR, K] and [L, N, PR] with S slots after L."""
+    return {field: ((a[0], max_loras, *a[1:]), (b[0], max_loras, *b[1:]))
+            for field, (a, b) in field_shapes(config, max_rank).items()}
+
+
+def slot_bytes(config: ModelConfig, max_loras: int, max_rank: int, itemsize: int, tp_size: int = 1) -> int:
+    """Bytes of the slots on one device (a split axis counts 1/tp_size)."""
+    total = 0
+    for a, b in slot_shapes(config, max_loras, max_rank).values():
+        total += (int(np.prod(a)) + int(np.prod(b))) * itemsize
+    return total // tp_size if tp_size > 1 else total  # an upper bound per device otherwise
+
+
+def slot_shardings(mesh: Mesh) -> SlotArrays:
+    """Each field's (a, b) shardings: b split over the base weight's output rows, a over its input columns."""
+    shardings = {}
+    for field in ("w_qkv", "wo", "w_gate_up", "w_down"):
+        _, rows, columns = tensor_parallel.PARAM_AXES[field]
+        shardings[field] = (NamedSharding(mesh, tensor_parallel.spec(("layers", None, None, columns))),
+                            NamedSharding(mesh, tensor_parallel.spec(("layers", None, rows, None))))
+    return shardings
+
+
+def init_slots(config: ModelConfig, max_loras: int, max_rank: int, dtype, mesh: Mesh | None = None) -> SlotArrays:
+    """All-zero slots (on the mesh when there is one)."""
+    shapes = slot_shapes(config, max_loras, max_rank)
+    out_shardings = None if mesh is None else slot_shardings(mesh)
+    zeros = jax.jit(lambda: {f: (jnp.zeros(a, dtype), jnp.zeros(b, dtype)) for f, (a, b) in shapes.items()},
+                    out_shardings=out_shardings)
+    return zeros()
+
+
+def lay_out(adapter: HostAdapter, config: ModelConfig, tp_size: int | None) -> HostAdapter:
+    """The adapter's b rows in the base weights' tensor-parallel order (unchanged without a mesh, or at N = 1)."""
+    if not tp_size or tp_size == 1:
+        return adapter
+    rows = {"w_qkv": tensor_parallel.qkv_rows(config, tp_size), "w_gate_up": tensor_parallel.gate_up_rows(config,
+                                                                                                          tp_size)}
+    return {field: (a, b[:, rows[field]] if field in rows else b) for field, (a, b) in adapter.items()}
+
+
+def _write(slots: SlotArrays, slot: jax.Array, adapter: HostAdapter) -> SlotArrays:
+    """slots with slot `slot` (1-based, traced) holding `adapter` (its [L, PR, K] and [L, N, PR] arrays)."""
+    index = slot - 1
+    return {field: (a.at[:, index].set(adapter[field][0].astype(a.dtype)),
+                    b.at[:, index].set(adapter[field][1].astype(b.dtype))) for field, (a, b) in slots.items()}
+
+
+def slot_writer(mesh: Mesh | None):
+    """The jitted write (slots donated: updated in place), keeping the slots' shardings."""
+    out_shardings = None if mesh is None else slot_shardings(mesh)
+    return jax.jit(_write, donate_argnums=(0,), out_shardings=out_shardings)
+
+
+def abstract_adapter(slots: SlotArrays, sharding=None) -> HostAdapter:
+    """The shapes of one adapter's arrays, for compiling the writer ahead of use."""
+    return {field: (jax.ShapeDtypeStruct(a.shape[:1] + a.shape[2:], a.dtype, sharding=sharding),
+                    jax.ShapeDtypeStruct(b.shape[:1] + b.shape[2:], b.dtype, sharding=sharding))
+            for field, (a, b) in slots.items()}

@@ -1,0 +1,184 @@
+"""Reading a PEFT LoRA adapter directory into the host arrays the device slots hold.
+
+    adapter_config.json          r, lora_alpha, use_rslora, target_modules, ...
+    adapter_model.safetensors    base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight
+                                 A [r, in], B [out, r] per targeted module and layer
+
+The engine's linears are fused (q|k|v -> w_qkv, gate|up -> w_gate_up), so an adapter becomes, per LayerParams
+linear field, two arrays over all layers, with R = max_lora_rank and P the field's parts (3, 2 or 1):
+
+    a  [L, P*R, K]    part p's A in rank rows p*R .. p*R + r (zero rows pad its rank r up to R)
+    b  [L, N, P*R]    part p's B, times the scaling (alpha / r, or alpha / sqrt(r) with rsLoRA), in its own
+                      output rows and rank columns p*R ..: block-diagonal, so that b @ (a @ x) gives every part
+                      only its own delta
+
+A module the adapter does not target (or a layer it skips) is all zeros. Pickled adapters (adapter_model.bin) are
+refused without being opened; so are DoRA, modules_to_save, bias training, ranks above max_lora_rank, unknown
+modules and shapes that do not match the base model, each with an error naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+import numpy as np
+
+from jaxllm.config import ModelConfig
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PICKLED_FILES = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
+
+# PEFT module name -> (LayerParams field, part index within the fused field)
+MODULES = {"q_proj": ("w_qkv", 0), "k_proj": ("w_qkv", 1), "v_proj": ("w_qkv", 2), "o_proj": ("wo", 0),
+           "gate_proj": ("w_gate_up", 0), "up_proj": ("w_gate_up", 1), "down_proj": ("w_down", 0)}
+FIELD_PARTS = {"w_qkv": ("q_proj", "k_proj", "v_proj"), "wo": ("o_proj",), "w_gate_up": ("gate_proj", "up_proj"),
+               "w_down": ("down_proj",)}
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+# config keys that must be unset (falsy): features whose weights this engine does not apply
+_UNSUPPORTED = {"use_dora": "DoRA (use_dora)", "modules_to_save": "modules_to_save (fully trained modules)",
+                "fan_in_fan_out": "fan_in_fan_out", "lora_bias": "LoRA biases (lora_bias)",
+                "layer_replication": "layer_replication", "alpha_pattern": "alpha_pattern",
+                "trainable_token_indices": "trainable_token_indices", "use_qalora": "QALoRA (use_qalora)",
+                "alora_invocation_tokens": "aLoRA (alora_invocation_tokens)"}
+
+HostAdapter = dict  # LayerParams field -> (a [L, P*R, K], b [L, N, P*R]) numpy arrays
+
+
+def module_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out, in) of each PEFT-targetable module of one layer."""
+    h, f = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    return {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q), "gate_proj": (f, h),
+            "up_proj": (f, h), "down_proj": (h, f)}
+
+
+def field_shapes(config: ModelConfig, max_rank: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Per LayerParams linear field: the shapes of its (a, b) arrays, [L, P*R, K] and [L, N, P*R]."""
+    shapes, layers = {}, config.num_layers
+    for field, parts in FIELD_PARTS.items():
+        outs = [module_shapes(config)[m][0] for m in parts]
+        k = module_shapes(config)[parts[0]][1]
+        shapes[field] = ((layers, len(parts) * max_rank, k), (layers, sum(outs), len(parts) * max_rank))
+    return shapes
+
+
+def read_adapter_config(path: str) -> dict:
+    """adapter_config.json, checked: a LoRA adapter using only what the engine applies."""
+    if not os.path.isdir(path):
+        raise ValueError(f"LoRA adapter {path!r} is not a directory (a PEFT adapter directory is needed)")
+    config_path = os.path.join(path, CONFIG_FILE)
+    if not os.path.isfile(config_path):
+        raise ValueError(f"LoRA adapter {path!r} has no {CONFIG_FILE}")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{config_path}: not readable JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: expected a JSON object")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{config_path}: peft_type {config.get('peft_type')!r} is not supported (only LORA)")
+    for key, what in _UNSUPPORTED.items():
+        if config.get(key):
+            raise ValueError(f"{config_path}: {what} is not supported ({key} = {config[key]!r})")
+    if config.get("bias", "none") != "none":
+        raise ValueError(f"{config_path}: bias = {config['bias']!r} is not supported (only 'none')")
+    for key in ("r", "lora_alpha"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{config_path}: {key} must be a positive number, got {value!r}")
+    targets = config.get("target_modules")
+    if isinstance(targets, list):
+        unknown = [m for m in targets if m not in MODULES]
+        if unknown:
+            raise ValueError(f"{config_path}: target_modules {unknown} are not supported (supported: "
+                             f"{', '.join(MODULES)})")
+    return config
+
+
+def load_peft_adapter(path: str, config: ModelConfig, max_rank: int, dtype) -> HostAdapter:
+    """The adapter at `path` as host arrays per linear field (see the module docstring), in `dtype`."""
+    adapter_config = read_adapter_config(path)
+    weights_path = os.path.join(path, WEIGHTS_FILE)
+    if not os.path.isfile(weights_path):
+        pickled = [name for name in PICKLED_FILES if os.path.isfile(os.path.join(path, name))]
+        if pickled:
+            raise ValueError(f"{os.path.join(path, pickled[0])}: pickled adapter weights are refused (loading "
+                             f"them runs code); save the adapter as {WEIGHTS_FILE}")
+        raise ValueError(f"LoRA adapter {path!r} has no {WEIGHTS_FILE}")
+    modules = _read_modules(weights_path, config)
+    return _fuse(modules, adapter_config, config, max_rank, dtype, weights_path)
+
+
+def _read_modules(weights_path: str, config: ModelConfig) -> dict[tuple[int, str], dict[str, np.ndarray]]:
+    """(layer, module) -> {"A": [r, in], "B": [out, r]}, every tensor name and shape checked."""
+    from safetensors import safe_open
+
+    shapes = module_shapes(config)
+    modules: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    try:
+        with safe_open(weights_path, framework="numpy") as f:
+            for name in f.keys():
+                match = _KEY.match(name)
+                if match is None or match.group(2) not in MODULES:
+                    raise ValueError(f"{weights_path}: tensor {name!r} is not a LoRA A/B weight of a supported "
+                                     f"module ({', '.join(MODULES)})")
+                layer, module, which = int(match.group(1)), match.group(2), match.group(3)
+                if layer >= config.num_layers:
+                    raise ValueError(f"{weights_path}: tensor {name!r} is for layer {layer}, but the base model "
+                                     f"has {config.num_layers} layers")
+                modules.setdefault((layer, module), {})[which] = _checked(f.get_tensor(name), name, which,
+                                                                          shapes[module], weights_path)
+    except ValueError:
+        raise
+    except Exception as e:  # a truncated or foreign file
+        raise ValueError(f"{weights_path}: not a readable safetensors file ({e})") from e
+    for (layer, module), pair in modules.items():
+        if set(pair) != {"A", "B"}:
+            missing = ({"A", "B"} - set(pair)).pop()
+            raise ValueError(f"{weights_path}: layer {layer} {module} has no lora_{missing} tensor")
+        if pair["A"].shape[0] != pair["B"].shape[1]:
+            raise ValueError(f"{weights_path}: layer {layer} {module}: lora_A has rank {pair['A'].shape[0]} but "
+                             f"lora_B has rank {pair['B'].shape[1]}")
+    if not modules:
+        raise ValueError(f"{weights_path}: holds no LoRA weights")
+    return modules
+
+
+def _checked(tensor: np.ndarray, name: str, which: str, out_in: tuple[int, int], weights_path: str) -> np.ndarray:
+    out, k = out_in
+    if tensor.ndim != 2 or (which == "A" and tensor.shape[1] != k) or (which == "B" and tensor.shape[0] != out):
+        expected = f"[r, {k}]" if which == "A" else f"[{out}, r]"
+        raise ValueError(f"{weights_path}: tensor {name!r} has shape {list(tensor.shape)}; the base model needs "
+                         f"{expected}")
+    return np.asarray(tensor, np.float32)
+
+
+def _fuse(modules, adapter_config: dict, config: ModelConfig, max_rank: int, dtype, weights_path: str) -> HostAdapter:
+    alpha, rslora = float(adapter_config["lora_alpha"]), bool(adapter_config.get("use_rslora"))
+    shapes = field_shapes(config, max_rank)
+    out_sizes = {m: s[0] for m, s in module_shapes(config).items()}
+    adapter = {}
+    for field, parts in FIELD_PARTS.items():
+        a = np.zeros(shapes[field][0], np.float32)  # [L, P*R, K]
+        b = np.zeros(shapes[field][1], np.float32)  # [L, N, P*R]
+        row = 0
+        for p, module in enumerate(parts):
+            for layer in range(config.num_layers):
+                pair = modules.get((layer, module))
+                if pair is None:
+                    continue
+                rank = pair["A"].shape[0]
+                if rank > max_rank:
+                    raise ValueError(f"{weights_path}: layer {layer} {module} has rank {rank}, above max_lora_rank "
+                                     f"{max_rank}")
+                scaling = alpha / (math.sqrt(rank) if rslora else rank)
+                a[layer, p * max_rank:p * max_rank + rank] = pair["A"]
+                b[layer, row:row + out_sizes[module], p * max_rank:p * max_rank + rank] = pair["B"] * scaling
+            row += out_sizes[module]
+        adapter[field] = (a.astype(dtype), b.astype(dtype))
+    return adapter

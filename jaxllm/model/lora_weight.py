@@ -1,0 +1,70 @@
+"""LoRAWeight: a base weight (any format) plus, per token, the low-rank delta of that token's adapter.
+
+    base         the base weight, any format (dense [..., N, K], AWQWeight, ...)
+    a            [..., S, PR, K]   the A matrices of the S device slots (PR: the fused parts' padded ranks)
+    b            [..., S, N, PR]   the B matrices, LoRA scaling folded in (jaxllm/lora/peft.py builds both)
+    token_slots  [..., T] int32    each token's slot: 0 the base model, s the adapter in slot s (a[s-1], b[s-1])
+
+    dot(x) = base.dot(x) + delta,  delta[t] = b[s-1] @ (a[s-1] @ x[t])     (s = token_slots[t] > 0)
+
+The engine builds these inside its forward program (attach), from the params, the adapter slots and the step's
+per-token slot ids; the layer code calls linear(x, w) as for any other weight. Under tensor parallelism b follows
+the base weight's output rows (column-parallel q|k|v and gate|up: b split over N, a replicated) and a its input
+columns (row-parallel o and down: a split over K, b replicated; the per-device partial deltas are summed by the
+same all-reduce as the base's partial outputs, since b @ (sum_d a_d x_d) = sum_d b @ (a_d x_d)).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxllm.model import weights
+from jaxllm.model.weights import Axes, WeightFormat
+from pallas_kernels.lora import lora_delta_reference
+
+
+class LoRAWeight(WeightFormat):
+    base: Any
+    a: jax.Array  # [..., S, PR, K]
+    b: jax.Array  # [..., S, N, PR]
+    token_slots: jax.Array  # [..., T] int32
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.base.shape
+
+    def dot(self, x: jax.Array) -> jax.Array:
+        """x [T, K] -> [T, N] float32; one layer's leaves (no [L] axis)."""
+        return weights.dot(x, self.base) + lora_delta(x, self.a, self.b, self.token_slots)
+
+    def take_rows(self, index: np.ndarray, axis: int) -> LoRAWeight:
+        return self.replace(base=weights.take_rows(self.base, index, axis),
+                            b=weights.take_rows(self.b, index, axis + 1))  # b's N axis follows its S axis
+
+    def leaf_axes(self, axes: Axes) -> LoRAWeight:
+        *lead, rows, columns = axes  # the dense W [..., N, K]
+        return LoRAWeight(base=weights.leaf_axes(self.base, axes), a=(*lead, None, None, columns),
+                          b=(*lead, None, rows, None), token_slots=(*lead, None))
+
+
+def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, token_slots: jax.Array) -> jax.Array:
+    """[T, N] float32: the Pallas kernel on a GPU, the jnp reference elsewhere."""
+    if jax.default_backend() == "gpu":
+        from pallas_kernels.lora import lora_delta as kernel
+
+        return kernel(x, a, b, token_slots)
+    return lora_delta_reference(x, a, b, token_slots)
+
+
+def attach(layers, slots, token_slots: jax.Array):
+    """LayerParams whose linear fields carry the adapters: `slots` maps a field to its (a [L, S, PR, K],
+    b [L, S, N, PR]) stacks; token_slots [T] is broadcast to every layer ([L, T], sliced by the layer scan)."""
+    num_layers = jax.tree.leaves(layers)[0].shape[0]
+    per_layer = jnp.broadcast_to(token_slots, (num_layers, *token_slots.shape))  # [L, T]
+    fields = {name: LoRAWeight(base=getattr(layers, name), a=a, b=b, token_slots=per_layer)
+              for name, (a, b) in slots.items()}
+    return layers.replace(**fields)
