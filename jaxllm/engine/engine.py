@@ -70,6 +70,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
                                    self.lora)
         self.processor = OutputProcessor(self.tokenizer)
+        self._lora_removals: set[int] = set()  # adapters removed; dropped once no request uses them
         self.num_steps = 0
         self._rng_streams = itertools.count()
         self.async_scheduling = args.async_scheduling
@@ -113,6 +114,22 @@ class LLMEngine:
             self.processor.forget(request_id)
             raise
 
+    # ------------------------------------------------------------------ LoRA adapters
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Know an adapter before any request uses it: its files are read and checked now (ValueError naming
+        the file and the problem)."""
+        self._register_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Forget an adapter; requests already using it run to their end first."""
+        self._lora_removals.add(lora_int_id)
+        self._drop_removed_loras()
+
+    def list_loras(self) -> list[LoRARequest]:
+        if self.lora is None:
+            return []
+        return [r for i, r in self.lora.registered.items() if i not in self._lora_removals]
+
     def _register_lora(self, lora_request: LoRARequest | None) -> int:
         """The adapter's id (0 for none), registering it with the manager."""
         if lora_request is None:
@@ -122,8 +139,16 @@ class LLMEngine:
         if self.lora is None:
             raise ValueError(f"lora_request {lora_request.lora_name!r} given, but LoRA is not enabled "
                              "(enable_lora=True)")
+        if lora_request.lora_int_id in self._lora_removals:
+            raise ValueError(f"LoRA adapter id {lora_request.lora_int_id} was removed; give a new adapter a new id")
         self.lora.register(lora_request)
         return lora_request.lora_int_id
+
+    def _drop_removed_loras(self) -> None:
+        in_use = {r.lora_int_id for r in self.scheduler.requests.values()}
+        for lora_int_id in [i for i in self._lora_removals if i not in in_use]:
+            if self.lora is not None:
+                self.lora.unregister(lora_int_id)
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
@@ -146,7 +171,10 @@ class LLMEngine:
             return []
         out, inflight = self._inflight.popleft()
         results, prompt_logprobs = self.runner.fetch(inflight)
-        return self._process(out, results, prompt_logprobs)
+        outputs = self._process(out, results, prompt_logprobs)
+        if self._lora_removals:
+            self._drop_removed_loras()
+        return outputs
 
     def _dispatch(self) -> None:
         """Send steps to the device: one when none is in flight, and one more ahead when async scheduling may."""
