@@ -22,18 +22,21 @@ from jaxllm.model import tensor_parallel
 SlotArrays = dict  # LayerParams field -> (a [L, S, PR, K], b [L, S, N, PR])
 
 
-def slot_shapes(config: ModelConfig, max_loras: int, max_rank: int) -> dict[str, tuple[tuple, tuple]]:
-    """Per field: the shapes of (a, b): one adapter's [L, PR, K] and [L, N, PR] with S slots after L."""
-    return {field: ((a[0], max_loras, *a[1:]), (b[0], max_loras, *b[1:]))
+def slot_shapes(config: ModelConfig, max_loras: int, max_rank: int, tp_size: int | None = None
+                ) -> dict[str, tuple[tuple, tuple]]:
+    """Per field: the shapes of (a, b): one adapter's [L, PR, K] and [L, N, PR] with S slots after L; N counts
+    the tensor-parallel layout's rows (KV heads replicated over devices repeat their rows)."""
+    rows = _laid_out_rows(config, tp_size)
+    return {field: ((a[0], max_loras, *a[1:]), (b[0], max_loras, len(rows[field]) if field in rows else b[1], b[2]))
             for field, (a, b) in field_shapes(config, max_rank).items()}
 
 
 def slot_bytes(config: ModelConfig, max_loras: int, max_rank: int, itemsize: int, tp_size: int = 1) -> int:
-    """Bytes of the slots on one device (a split axis counts 1/tp_size)."""
+    """Bytes of the slots on one device (an upper bound: every leaf counted as if split over tp_size)."""
     total = 0
-    for a, b in slot_shapes(config, max_loras, max_rank).values():
+    for a, b in slot_shapes(config, max_loras, max_rank, tp_size).values():
         total += (int(np.prod(a)) + int(np.prod(b))) * itemsize
-    return total // tp_size if tp_size > 1 else total  # an upper bound per device otherwise
+    return -(-total // tp_size)
 
 
 def slot_shardings(mesh: Mesh) -> SlotArrays:
@@ -48,7 +51,7 @@ def slot_shardings(mesh: Mesh) -> SlotArrays:
 
 def init_slots(config: ModelConfig, max_loras: int, max_rank: int, dtype, mesh: Mesh | None = None) -> SlotArrays:
     """All-zero slots (on the mesh when there is one)."""
-    shapes = slot_shapes(config, max_loras, max_rank)
+    shapes = slot_shapes(config, max_loras, max_rank, None if mesh is None else mesh.size)
     out_shardings = None if mesh is None else slot_shardings(mesh)
     zeros = jax.jit(lambda: {f: (jnp.zeros(a, dtype), jnp.zeros(b, dtype)) for f, (a, b) in shapes.items()},
                     out_shardings=out_shardings)
@@ -57,11 +60,16 @@ def init_slots(config: ModelConfig, max_loras: int, max_rank: int, dtype, mesh: 
 
 def lay_out(adapter: HostAdapter, config: ModelConfig, tp_size: int | None) -> HostAdapter:
     """The adapter's b rows in the base weights' tensor-parallel order (unchanged without a mesh, or at N = 1)."""
-    if not tp_size or tp_size == 1:
-        return adapter
-    rows = {"w_qkv": tensor_parallel.qkv_rows(config, tp_size), "w_gate_up": tensor_parallel.gate_up_rows(config,
-                                                                                                          tp_size)}
+    rows = _laid_out_rows(config, tp_size)
     return {field: (a, b[:, rows[field]] if field in rows else b) for field, (a, b) in adapter.items()}
+
+
+def _laid_out_rows(config: ModelConfig, tp_size: int | None) -> dict[str, np.ndarray]:
+    """The fused fields' row indices in the tensor-parallel layout (none without a mesh, or at N = 1)."""
+    if not tp_size or tp_size == 1:
+        return {}
+    return {"w_qkv": tensor_parallel.qkv_rows(config, tp_size),
+            "w_gate_up": tensor_parallel.gate_up_rows(config, tp_size)}
 
 
 def _write(slots: SlotArrays, slot: jax.Array, adapter: HostAdapter) -> SlotArrays:
