@@ -1,6 +1,6 @@
-"""GPU check of the paged-attention kernels: correctness against the reference, kernel and end-to-end timings.
+"""GPU check of the Pallas kernels (paged attention, int4 AWQ, multi-LoRA): correctness vs the references, timings.
 
-    python benchmarks/gpu_check.py                # one H200: at most ~7 minutes (--budget-s 400 + start-up)
+    python benchmarks/gpu_check.py                # one H200: at most ~8 minutes (--budget-s 460 + start-up)
     python benchmarks/gpu_check.py --cpu-smoke    # the same code path with tiny shapes, interpret mode, on a CPU
 
 Run from the repository root (the repository is put on sys.path; nothing needs installing). Sections run one after
@@ -20,9 +20,14 @@ the other, each in its own try block, so a failing section is reported and the r
                   every linear)
     awq           int4 AWQ dequant-matmul kernels vs a bf16 dot vs XLA dequantize + dot at Llama-3-8B shapes,
                   M = 1, 16, 64, 256: microseconds, fraction of the HBM roofline, error vs the reference
+    lora          multi-LoRA delta kernel (shrink + expand) vs the XLA reference vs the base bf16 dense dot of the
+                  same (K, N) at Llama-3-8B shapes (q|k|v R 48, gate|up R 32, down R 16, o R 16), T = 1, 16, 64,
+                  256 tokens on 1 or 4 distinct adapters: error vs the reference, microseconds, x_dense (time as
+                  a multiple of the dense dot's: the LoRA overhead); then a few knob settings at T = 1 and 256
     tuning        kernel time for a few settings of the tiling knobs, to pick the defaults from measurements
 
-Each section starts no new measurement once its share of --budget-s is spent.
+Each section starts no new measurement once its share of --budget-s is spent (its window's end is fixed in seconds
+of the default budget, scaled to --budget-s).
 
 Results go to $OUT/gpu_check.json (default ./gpu_check_out); a summary table is printed last.
 """
@@ -61,6 +66,7 @@ from pallas_kernels.paged_attention.testing import (poison_unused_slots, random_
                                                     reference_output, relative_error)
 
 PEAK_HBM_BYTES_S = 4.8e12  # H200
+DEFAULT_BUDGET_S = 460.0  # --budget-s: seconds after which no section starts a new measurement
 BLOCK_SIZE = 16
 LLAMA3_8B_ATTN = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=BLOCK_SIZE)
 SMOLLM2_ATTN = dict(num_q_heads=9, num_kv_heads=3, head_dim=64)
@@ -449,6 +455,83 @@ def section_awq(profile: Profile, interpret: bool, deadline: float) -> list[dict
     return rows
 
 
+LORA_SLOTS = 4  # adapter slots held on the device in the lora section; 1 or 4 of them used by a step's tokens
+
+
+def section_lora(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
+    """Multi-LoRA delta (pallas_kernels/lora, bf16, 4 adapter slots) at Llama-3-8B shapes, per token count T and
+    number of distinct adapters in use (contiguous runs of tokens, as requests): the Pallas kernel (its error against
+    the float32 reference checked first), the XLA reference (it applies every slot, so one row per T) and the base
+    bf16 dense dot x @ W of the same (K, N), so that x_dense = us / the dense dot's us is the LoRA overhead; then the
+    kernel under a few knob settings at T = 1 and 256."""
+    from pallas_kernels.lora import lora_delta, lora_delta_reference
+    from pallas_kernels.lora.testing import GPU_TOLERANCE, random_case, relative_error
+
+    tol = GPU_TOLERANCE[jnp.dtype(jnp.bfloat16)]
+    shapes = ((200, 72, 48),) if interpret else (  # (K, N, R)
+        (4096, 6144, 48), (4096, 28672, 32), (14336, 4096, 16), (4096, 4096, 16))  # q|k|v, gate|up, down, o
+    token_counts = (1, 20) if interpret else (1, 16, 64, 256)
+    sweeps = ((20, [dict(block_m=16, split_k=2)]),) if interpret else (
+        (1, [{}, dict(block_n=64), dict(block_n=256), dict(block_k=64), dict(block_k=256), dict(split_k=1),
+             dict(split_k=4), dict(split_k=64), dict(num_warps=8), dict(num_stages=3)]),
+        (256, [{}, dict(block_m=16), dict(block_m=32), dict(block_m=128), dict(block_n=64), dict(block_n=256),
+               dict(split_k=1), dict(split_k=16), dict(num_warps=8), dict(num_stages=3)]))
+    kernel = jax.jit(functools.partial(lora_delta, interpret=interpret))
+    reference = jax.jit(lora_delta_reference)
+    dense_dot = lambda x, w, *_: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())),  # w [N, K]
+                                                     preferred_element_type=jnp.float32)
+
+    def timed(fn, args, base_us: float | None = None) -> dict:
+        def chained(x, *rest):  # x-shaped and dependent on the whole result, which the barrier keeps whole
+            y = jax.lax.optimization_barrier(fn(x, *rest))  # [T, N]
+            return x + (y[0, 0] * 0).astype(x.dtype)
+        us = median_call_seconds(chained, args, profile) * 1e6
+        return {"us": us, **({"x_dense": us / base_us} if base_us else {})}
+
+    def checked_then_timed(case, knobs: dict, base_us: float) -> dict:
+        with jax.default_matmul_precision("highest"):
+            expected = np.asarray(reference(*case.args()))
+        delta = jax.jit(functools.partial(lora_delta, interpret=interpret, **knobs)) if knobs else kernel
+        out = np.asarray(delta(*case.args()))
+        err = relative_error(out, expected)
+        checks = {"rel_err": err, "max_abs_err": float(np.abs(out - expected).max()), "ok": bool(err < tol)}
+        return {**checks, **timed(functools.partial(lora_delta, interpret=interpret, **knobs), case.args(), base_us)}
+
+    rows, dense_us = [], {}
+    for k, n, rank in shapes:
+        shape = f"K{k} N{n} R{rank}"
+        w = jax.random.normal(jax.random.key(k + n), (n, k), jnp.bfloat16)  # [N, K], the base weight
+        for t in token_counts:
+            cases = {d: random_case(t + d, t, k, n, rank, LORA_SLOTS, f"adapters:{d}", jnp.bfloat16)
+                     for d in sorted({1, min(LORA_SLOTS, t)})}
+            if out_of_time(deadline, "lora"):
+                return rows
+            row = measured({"kind": "delta", "shape": shape, "T": t, "impl": "bf16_dense"},
+                           lambda: timed(dense_dot, (cases[1].x, w)))
+            dense_us[shape, t] = row.get("us")
+            rows.append(row)
+            if out_of_time(deadline, "lora"):
+                return rows
+            rows.append(measured({"kind": "delta", "shape": shape, "T": t, "impl": "xla_reference"},
+                                 lambda: timed(lora_delta_reference, cases[1].args(), dense_us[shape, t])))
+            for d, case in cases.items():
+                if out_of_time(deadline, "lora"):
+                    return rows
+                row = {"kind": "delta", "shape": shape, "T": t, "adapters": d, "impl": "lora_kernel"}
+                rows.append(measured(row, functools.partial(checked_then_timed, case, {}, dense_us[shape, t])))
+    k, n, rank = shapes[0]
+    for t, knob_sets in sweeps:
+        case = random_case(t, t, k, n, rank, LORA_SLOTS, f"adapters:{min(LORA_SLOTS, t)}", jnp.bfloat16)
+        for knobs in knob_sets:
+            if out_of_time(deadline, "lora"):
+                return rows
+            row = {"kind": "tuning", "shape": f"K{k} N{n} R{rank}", "T": t, "adapters": min(LORA_SLOTS, t),
+                   "knobs": knobs or "defaults"}
+            rows.append(measured(row, functools.partial(checked_then_timed, case, knobs,
+                                                        dense_us.get((f"K{k} N{n} R{rank}", t)))))
+    return rows
+
+
 def section_tuning(profile: Profile, interpret: bool, deadline: float) -> list[dict]:
     """Kernel time for a few knob settings ({} = the defaults), to choose the defaults from measurements."""
     rows = []
@@ -469,21 +552,22 @@ def section_tuning(profile: Profile, interpret: bool, deadline: float) -> list[d
 def run_sections(profile: Profile, interpret: bool, budget_s: float) -> dict:
     """Run every section; each may start new measurements until its share of the budget (cumulative) is used."""
     start = time.time()
-    sections = [  # (name, run, end of its time window as a fraction of the budget)
-        ("environment", lambda deadline: section_environment(interpret), 0.0),
-        ("correctness", lambda deadline: section_correctness(profile, interpret, deadline), 0.25),
-        ("kernels", lambda deadline: section_kernels(profile, interpret, deadline), 0.5),
-        ("end_to_end", lambda deadline: section_end_to_end(profile, interpret, deadline), 0.7),
-        ("engine", lambda deadline: section_engine(profile, interpret, deadline), 0.9),
-        ("awq", lambda deadline: section_awq(profile, interpret, deadline), 0.95),
-        ("tuning", lambda deadline: section_tuning(profile, interpret, deadline), 1.0),
+    sections = [  # (name, run, end of its time window in seconds of DEFAULT_BUDGET_S, scaled to budget_s)
+        ("environment", lambda deadline: section_environment(interpret), 0),
+        ("correctness", lambda deadline: section_correctness(profile, interpret, deadline), 100),
+        ("kernels", lambda deadline: section_kernels(profile, interpret, deadline), 200),
+        ("end_to_end", lambda deadline: section_end_to_end(profile, interpret, deadline), 280),
+        ("engine", lambda deadline: section_engine(profile, interpret, deadline), 360),
+        ("awq", lambda deadline: section_awq(profile, interpret, deadline), 380),
+        ("lora", lambda deadline: section_lora(profile, interpret, deadline), 440),
+        ("tuning", lambda deadline: section_tuning(profile, interpret, deadline), DEFAULT_BUDGET_S),
     ]
     results = {}
     for name, run, end in sections:
         log(f"section {name}")
         section_start = time.perf_counter()
         try:
-            results[name] = {"status": "ok", "rows": run(start + end * budget_s)}
+            results[name] = {"status": "ok", "rows": run(start + end / DEFAULT_BUDGET_S * budget_s)}
         except Exception:  # noqa: BLE001 - one failing section must not stop the others
             results[name] = {"status": "error", "rows": [], "error": traceback.format_exc()}
             log(f"section {name} FAILED:\n{results[name]['error']}")
@@ -514,7 +598,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-smoke", "--dry-run", action="store_true",
                         help="tiny shapes in interpret mode on the CPU: exercises everything but the GPU")
-    parser.add_argument("--budget-s", type=float, default=400.0, help="stop starting new measurements after this")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help="stop starting new measurements after this")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
         jax.config.update("jax_platforms", "cpu")

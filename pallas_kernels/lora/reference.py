@@ -5,11 +5,13 @@
                              parts' ranks here)
     b            [S, N, R]   the B matrices, the LoRA scaling folded in
     token_slots  [T] int32   0: the base model (no delta); s in 1..S: the adapter in slot s, i.e. a[s-1], b[s-1]
+                             (any other value also gives no delta)
 
     delta[t] = b[s-1] @ (a[s-1] @ x[t])  for s = token_slots[t] > 0, else 0     -> [T, N] float32
 
-The shrink a @ x is accumulated in float32 and rounded once to b's dtype before the expand (also accumulated in
-float32), as a kernel does when it keeps the [R] intermediate in registers.
+The shrink a @ x (a rounded to x's dtype) is accumulated in float32 and rounded once to b's dtype before the expand
+(also accumulated in float32), as a kernel does when it keeps the [R] intermediate in registers. The Pallas kernel
+`pallas_kernels.lora.lora_delta` has the same contract and is tested against this function.
 
 Every slot's A is applied to every token as one matmul (x @ A_all.T, A_all [S*R, K]), the tokens' other slots
 masked to zero, and the expand is one more matmul over (slot, rank): on a CPU two dense dots beat gathering an
