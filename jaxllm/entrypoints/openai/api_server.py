@@ -2,7 +2,8 @@
 
 One engine thread (AsyncEngine) steps the engine while uvicorn's event loop serves any number of connections;
 SIGTERM stops accepting connections, lets the requests in flight finish (up to --shutdown-timeout), then drains
-and stops the engine thread.
+and stops the engine thread. With --enable-lora, --lora-modules name the LoRA adapters a request's `model` may pick
+(serving_models.py); --allow-runtime-lora-updating adds /v1/load_lora_adapter and /v1/unload_lora_adapter.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import signal
 import sys
 from contextlib import asynccontextmanager
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,10 +28,12 @@ from jaxllm.entrypoints.openai.errors import OpenAIError, UnexpectedErrorsAsOpen
 from jaxllm.entrypoints.openai.guards import RequestGuard
 from jaxllm.entrypoints.openai.metrics import ServerMetrics
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
-    ModelCard, ModelList, TokenizeRequest
+    LoadLoRAAdapterRequest, ModelList, TokenizeRequest, UnloadLoRAAdapterRequest
 from jaxllm.entrypoints.openai.serving_base import RequestLimits
 from jaxllm.entrypoints.openai.serving_chat import ChatServing
 from jaxllm.entrypoints.openai.serving_completion import CompletionServing
+from jaxllm.entrypoints.openai.serving_models import RUNTIME_UPDATING_ENV, LoRAModule, ServedModels, \
+    check_lora_modules, parse_lora_module, runtime_updating_allowed
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
 
 logger = logging.getLogger(__name__)
@@ -64,6 +68,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds requests in flight get to finish after SIGTERM")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None, metavar="NAME=PATH",
+                        help="LoRA adapters (PEFT directories) served under their own model names, as name=path "
+                             "or '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; needs --enable-lora; "
+                             "each is read and checked at start-up")
+    parser.add_argument("--allow-runtime-lora-updating", action="store_true", default=False,
+                        help="add POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also "
+                             f"{RUNTIME_UPDATING_ENV}=1); without it those routes do not exist")
     add_engine_args(parser)  # every EngineArgs field; --model is the same as MODEL
     parser.set_defaults(warmup=True)  # serve's own default: build every program before accepting requests
     return parser
@@ -80,11 +91,21 @@ def served_names(args: argparse.Namespace) -> list[str]:
     return args.served_model_name or [args.model or args.model_tag or "SmolLM2-135M-Instruct"]
 
 
+def check_lora_args(args: argparse.Namespace) -> None:
+    """ValueError for --lora-modules that could never be served (before the model is loaded)."""
+    check_lora_modules(args.lora_modules or [], served_names(args), args.enable_lora)
+
+
 def build_app(engine, served_model_names: list[str], *, api_key: str | None = None,
               max_queue_len: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              limits: RequestLimits = RequestLimits(), stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> FastAPI:
+              limits: RequestLimits = RequestLimits(), stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+              lora_modules: Sequence[LoRAModule] = (), allow_runtime_lora_updating: bool = False) -> FastAPI:
+    """The app over `engine`. lora_modules are registered now (engine.add_lora: ValueError naming the module and
+    the problem); allow_runtime_lora_updating adds the load/unload routes."""
     metrics = ServerMetrics(served_model_names[0])
     async_engine = AsyncEngine(engine, metrics, max_queue_len, stall_timeout_s)
+    models = ServedModels(async_engine, served_model_names)
+    models.add_at_start(lora_modules)  # before the engine thread starts: the engine is still this thread's
     tokenizers = ServerTokenizer(engine.tokenizer)  # copied before the engine thread starts using its own
 
     @asynccontextmanager
@@ -95,13 +116,16 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
         tokenizers.shutdown()
 
     app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan)
-    app.state.async_engine, app.state.metrics = async_engine, metrics
-    app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits)
-    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits)
+    app.state.async_engine, app.state.metrics, app.state.models = async_engine, metrics, models
+    app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits, models)
+    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models)
     _add_error_handlers(app)
     app.add_middleware(UnexpectedErrorsAsOpenAIErrors)
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
     _add_routes(app)
+    if allow_runtime_lora_updating:
+        logger.warning("runtime LoRA updating is on: any client may load adapters from this host's files")
+        _add_lora_routes(app)
     return app
 
 
@@ -162,9 +186,7 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def models():
-        serving = state.completions
-        return ModelList(data=[ModelCard(id=name, root=name, max_model_len=serving.max_model_len)
-                               for name in serving.model_names])
+        return ModelList(data=state.models.cards(state.completions.max_model_len))
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw_request: Request):
@@ -181,6 +203,19 @@ def _add_routes(app: FastAPI) -> None:
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest):
         return await _detokenize(state.chat, request)
+
+
+def _add_lora_routes(app: FastAPI) -> None:
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's routes): 200 with a line of text."""
+    models: ServedModels = app.state.models
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: LoadLoRAAdapterRequest):
+        return Response(await models.load(request.lora_name, request.lora_path), media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: UnloadLoRAAdapterRequest):
+        return Response(await models.unload(request.lora_name), media_type="text/plain")
 
 
 class ClientDisconnected(Exception):
@@ -253,6 +288,7 @@ def run_server(args: argparse.Namespace) -> int:
     # SIGTERM is the normal way to stop the server: uvicorn handles it while serving (graceful shutdown) and
     # re-raises it afterwards, which this handler turns into a clean exit (status 0), as it does during loading.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    check_lora_args(args)
     engine = LLMEngine(engine_args(args))
     if jax.process_count() > 1:  # several processes run the model: process 0 serves, the others follow it
         if jax.process_index() > 0:
@@ -261,7 +297,8 @@ def run_server(args: argparse.Namespace) -> int:
         engine = LeaderEngine(engine)
     app = build_app(engine, served_names(args), api_key=args.api_key, max_queue_len=args.max_queue_len,
                     max_body_bytes=args.max_body_bytes, limits=RequestLimits(args.max_n, args.max_request_sequences),
-                    stall_timeout_s=args.engine_stall_timeout)
+                    stall_timeout_s=args.engine_stall_timeout, lora_modules=args.lora_modules or [],
+                    allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:

@@ -3,6 +3,8 @@
     handlers (event loop)                         engine thread
     add_request() -("add", ...)-> inbox --------> engine.add_request (an error goes back to that handler only)
     stream closed -("abort", id)-> inbox -------> engine.abort_request (blocks freed before the next step)
+    call(fn) -----("call", fn)-> inbox ---------> fn(engine), e.g. add_lora / remove_lora; its result or error
+                                                  goes back to the caller
     per-request asyncio.Queue <- call_soon_threadsafe <- step() outputs (delta kind)
 
 The engine itself is single-threaded: only the engine thread touches it. Inbox commands are applied between
@@ -22,10 +24,11 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from jaxllm.entrypoints.openai.fault_injection import FaultInjector
 from jaxllm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from jaxllm.lora.request import LoRARequest
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
@@ -33,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05
 DEFAULT_STALL_TIMEOUT_S = 120.0  # one step running longer than this makes /health answer 503
+
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -78,13 +83,26 @@ class RequestStream:
 
 
 @dataclasses.dataclass
-class _Stream:
+class _Reply:
+    """Where the engine thread sends items for a handler waiting on the event loop."""
+
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    tracker: RequestTracker
 
     def put(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclasses.dataclass
+class _Stream(_Reply):
+    tracker: RequestTracker
+
+
+@dataclasses.dataclass(frozen=True)
+class _Returned:
+    """What a call's function returned (so that a returned exception object is not taken for a failure)."""
+
+    value: Any
 
 
 class AsyncEngine:
@@ -142,16 +160,18 @@ class AsyncEngine:
             raise QueueFullError(f"the server is at capacity: {self._num_in_flight} sequences in flight "
                                  f"({self.max_num_seqs} batch slots + a queue of {self.max_queue_len})")
 
-    async def add_request(self, request_id: str, prompt, params: SamplingParams) -> "RequestStream":
-        """Submit a request and wait until the engine thread accepted it (between two steps). Raises ValueError
-        for an invalid request, QueueFullError, EngineDeadError, or RequestFailedError."""
+    async def add_request(self, request_id: str, prompt, params: SamplingParams,
+                          lora_request: LoRARequest | None = None) -> "RequestStream":
+        """Submit a request (run with `lora_request`'s adapter, or the base model for None) and wait until the
+        engine thread accepted it (between two steps). Raises ValueError for an invalid request, QueueFullError,
+        EngineDeadError, or RequestFailedError."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
         num_seqs = params.num_sequences
         self.check_capacity(num_seqs)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), RequestTracker(time.monotonic()))
         handle = RequestStream(self, request_id, num_seqs, stream.queue)
-        self._inbox.put(("add", request_id, prompt, params, stream))
+        self._inbox.put(("add", request_id, prompt, params, lora_request, stream))
         self._num_in_flight += num_seqs
         try:
             first = await stream.queue.get()
@@ -163,6 +183,19 @@ class AsyncEngine:
             handle.close()
             raise first
         return handle
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """fn(engine) on the engine thread, between two steps (the engine is only ever touched there); returns
+        what it returned. A ValueError it raises is raised here; any other exception is logged and raised as a
+        RequestFailedError (the engine keeps running); EngineDeadError when the engine loop is not running."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine loop is not running")
+        reply = _Reply(asyncio.get_running_loop(), asyncio.Queue())
+        self._inbox.put(("call", fn, reply))
+        item = await reply.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item.value
 
     def release(self, request_id: str, num_seqs: int, finished: bool) -> None:
         """A RequestStream is done with: abort its request in the engine unless it finished."""
@@ -203,7 +236,7 @@ class AsyncEngine:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "add":
+            if command[0] in ("add", "call"):
                 command[-1].put(error)
 
     def _apply_commands(self, block: bool) -> None:
@@ -224,12 +257,16 @@ class AsyncEngine:
             if self._streams.pop(request_id, None) is not None:
                 self.engine.abort_request(request_id)
             return
-        _, request_id, prompt, params, stream = command
+        if command[0] == "call":
+            self._call(*command[1:])
+            return
+        _, request_id, prompt, params, lora_request, stream = command
+        options = {} if lora_request is None else {"lora_request": lora_request}  # the base model: as before
         try:
             if self._faults is not None:
                 self._faults.before_add(prompt)
             self.engine.add_request(request_id, prompt, params, arrival_time=stream.tracker.arrival_time,
-                                    output_kind="delta")
+                                    output_kind="delta", **options)
         except ValueError as e:
             stream.put(e)
             return
@@ -240,6 +277,15 @@ class AsyncEngine:
             return
         self._streams[request_id] = stream
         stream.put(_ACCEPTED)
+
+    def _call(self, fn: Callable[[Any], Any], reply: _Reply) -> None:
+        try:
+            reply.put(_Returned(fn(self.engine)))
+        except ValueError as e:
+            reply.put(e)
+        except Exception as e:  # noqa: BLE001 - the caller's command failed; the engine keeps running
+            logger.exception("an engine command failed")
+            reply.put(RequestFailedError(f"the engine command failed: {e!r}"))
 
     def _step(self) -> None:
         if self._faults is not None:

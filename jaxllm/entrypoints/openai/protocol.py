@@ -194,6 +194,17 @@ class DetokenizeRequest(RequestModel):
     tokens: list[int]
 
 
+class LoadLoRAAdapterRequest(RequestModel):
+    """POST /v1/load_lora_adapter: serve the PEFT directory lora_path under the model name lora_name."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(RequestModel):
+    lora_name: str
+
+
 # ---------------------------------------------------------------------------------------------- responses
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
@@ -294,6 +305,7 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "jaxllm"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model (its served name); null for a base model
     max_model_len: int | None = None
 
 

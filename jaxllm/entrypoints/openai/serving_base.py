@@ -1,5 +1,5 @@
-"""What completions and chat share: the model check, request limits, prompt encoding, request submission, SSE
-framing, logprob formats."""
+"""What completions and chat share: the model check (a base model or a LoRA adapter), request limits, prompt
+encoding, request submission, SSE framing, logprob formats."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from jaxllm.entrypoints.openai.async_engine import AsyncEngine, EngineDeadError,
     RequestFailedError, RequestStream
 from jaxllm.entrypoints.openai.errors import OpenAIError, bad_request
 from jaxllm.entrypoints.openai.protocol import SamplingRequest
+from jaxllm.entrypoints.openai.serving_models import ServedModels
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
+from jaxllm.lora.request import LoRARequest
 from jaxllm.outputs import Logprob, RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
@@ -34,10 +36,12 @@ class RequestLimits:
 
 class ServingBase:
     def __init__(self, engine: AsyncEngine, served_model_names: Sequence[str], tokenizers: ServerTokenizer,
-                 limits: RequestLimits = RequestLimits()):
+                 limits: RequestLimits = RequestLimits(), models: ServedModels | None = None):
+        """models: the server's base models and LoRA adapters (None: the served names, no adapters)."""
         self.engine = engine
         self.tokenizers = tokenizers
-        self.model_names = list(served_model_names)
+        self.models = models if models is not None else ServedModels(engine, served_model_names)
+        self.model_names = self.models.base_names
         self.max_model_len = engine.engine.scheduler_config.max_model_len
         self.limits = limits
 
@@ -46,14 +50,17 @@ class ServingBase:
         """The event loop's own tokenizer (see tokenization.py): only for work done on the event loop."""
         return self.tokenizers.get()
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.model_names:
-            raise OpenAIError(404, f"the model {model!r} does not exist; this server serves "
-                                   f"{', '.join(map(repr, self.model_names))}", "model", "model_not_found")
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter the request's `model` names, None for a base model; a 404 for a name not served."""
+        return self.models.resolve(model)
 
     @property
     def model_name(self) -> str:
         return self.model_names[0]
+
+    def response_model(self, lora_request: LoRARequest | None) -> str:
+        """A response's `model`: the adapter's name, or the first served name."""
+        return self.models.response_name(lora_request)
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         max_tokens_field: str = "max_tokens") -> SamplingParams:
@@ -79,8 +86,10 @@ class ServingBase:
         token_ids = await self.tokenizers.run(lambda tokenizer: tokenizer.encode(text))
         return {"prompt": text, "prompt_token_ids": token_ids}
 
-    async def submit(self, request_id: str, prompts: list[dict], params: SamplingParams) -> list[RequestStream]:
-        """Submit every prompt; on any failure abort those already accepted and raise an OpenAIError."""
+    async def submit(self, request_id: str, prompts: list[dict], params: SamplingParams,
+                     lora_request: LoRARequest | None = None) -> list[RequestStream]:
+        """Submit every prompt (with `lora_request`'s adapter, if any); on any failure abort those already
+        accepted and raise an OpenAIError."""
         sequences = len(prompts) * params.num_sequences
         if sequences > self.limits.max_request_sequences:
             raise bad_request(f"prompt: {len(prompts)} prompts x {params.num_sequences} samples is {sequences} "
@@ -93,7 +102,7 @@ class ServingBase:
         streams = []
         try:
             for i, prompt in enumerate(prompts):
-                streams.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params))
+                streams.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params, lora_request))
         except BaseException as e:
             for stream in streams:
                 stream.close()

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: the messages rendered by the model's chat template, n samples of the reply."""
+"""POST /v1/chat/completions: the messages rendered by the model's chat template, n samples of the reply. The
+request's `model` may name a LoRA adapter (the base model's chat template still renders the messages)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from jaxllm.tokenizer import chat_prompt_ids
 
 class ChatServing(ServingBase):
     async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         try:
             logprobs = request.requested_logprobs()
         except ValueError as e:
@@ -28,10 +29,11 @@ class ChatServing(ServingBase):
                                       "max_completion_tokens")
         prompt_ids = await self.render(request.messages)
         request_id = random_id("chatcmpl")
-        streams = await self.submit(request_id, [{"prompt_token_ids": prompt_ids}], params)
+        streams = await self.submit(request_id, [{"prompt_token_ids": prompt_ids}], params, lora_request)
+        model = self.response_model(lora_request)
         if request.stream:
-            return self._stream(request_id, request, streams)
-        return await self._full(request_id, request, streams)
+            return self._stream(request_id, request, streams, model)
+        return await self._full(request_id, request, streams, model)
 
     async def render(self, messages) -> list[int]:
         """The messages through the chat template, encoded (on a tokenizer worker)."""
@@ -46,7 +48,8 @@ class ChatServing(ServingBase):
             raise bad_request(f"the chat template failed on these messages: {type(e).__name__}: {e}",
                               "messages") from None
 
-    async def _full(self, request_id: str, request: ChatCompletionRequest, streams) -> ChatCompletionResponse:
+    async def _full(self, request_id: str, request: ChatCompletionRequest, streams,
+                    model: str) -> ChatCompletionResponse:
         texts: dict[int, list[str]] = {}
         last: dict[int, CompletionOutput] = {}
         logprobs: dict[int, list[ChatLogprobToken]] = {}
@@ -65,12 +68,13 @@ class ChatServing(ServingBase):
                               logprobs=ChatLogprobs(content=logprobs[i]) if request.logprobs else None,
                               finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
                    for i in sorted(texts)]
-        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
+        return ChatCompletionResponse(id=request_id, model=model, choices=choices,
                                       usage=usage(prompt_tokens, generated))
 
-    async def _stream(self, request_id: str, request: ChatCompletionRequest, streams) -> AsyncIterator[str]:
+    async def _stream(self, request_id: str, request: ChatCompletionRequest, streams,
+                      model: str) -> AsyncIterator[str]:
         def chunk(choices, usage_info=None) -> str:
-            return sse(ChatCompletionChunk(id=request_id, model=self.model_name, choices=choices, usage=usage_info))
+            return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage_info))
 
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                      for i in range(request.n)])

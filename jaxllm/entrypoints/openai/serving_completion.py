@@ -1,4 +1,5 @@
-"""POST /v1/completions: one engine request per prompt, n samples each; choice index = prompt * n + sample."""
+"""POST /v1/completions: one engine request per prompt, n samples each; choice index = prompt * n + sample. The
+request's `model` may name a LoRA adapter: every prompt then runs with it, and the response names it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ DEFAULT_MAX_TOKENS = 16  # the OpenAI default for completions
 
 class CompletionServing(ServingBase):
     async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         if request.suffix:
             raise OpenAIError(400, "suffix is not supported", "suffix")
         max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
@@ -24,12 +25,13 @@ class CompletionServing(ServingBase):
         prompts = [{"prompt_token_ids": p} if isinstance(p, list) else await self.encode_prompt(p)
                    for p in request.prompts()]
         request_id = random_id("cmpl")
-        streams = await self.submit(request_id, prompts, params)
+        streams = await self.submit(request_id, prompts, params, lora_request)
+        model = self.response_model(lora_request)
         if request.stream:
-            return self._stream(request_id, request, streams)
-        return await self._full(request_id, request, streams)
+            return self._stream(request_id, request, streams, model)
+        return await self._full(request_id, request, streams, model)
 
-    async def _full(self, request_id: str, request: CompletionRequest, streams) -> CompletionResponse:
+    async def _full(self, request_id: str, request: CompletionRequest, streams, model: str) -> CompletionResponse:
         n = request.n
         texts: dict[int, list[str]] = {}
         last: dict[int, CompletionOutput] = {}
@@ -56,10 +58,9 @@ class CompletionServing(ServingBase):
                                     finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
                    for i in sorted(texts)]
         prompt_tokens = sum(len(ids) for ids in prompt_ids.values())
-        return CompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                  usage=usage(prompt_tokens, generated))
+        return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage(prompt_tokens, generated))
 
-    async def _stream(self, request_id: str, request: CompletionRequest, streams) -> AsyncIterator[str]:
+    async def _stream(self, request_id: str, request: CompletionRequest, streams, model: str) -> AsyncIterator[str]:
         n = request.n
         sent_chars: dict[int, int] = {}  # per choice: characters of text sent so far (logprob text offsets)
         prompt_tokens, generated = {}, 0
@@ -81,11 +82,11 @@ class CompletionServing(ServingBase):
                     choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
                                               finish_reason=completion.finish_reason,
                                               stop_reason=completion.stop_reason)
-                    yield sse(CompletionResponse(id=request_id, model=self.model_name, choices=[choice]))
+                    yield sse(CompletionResponse(id=request_id, model=model, choices=[choice]))
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
             yield stream_failure(e)
         if request.include_usage:
-            yield sse(CompletionResponse(id=request_id, model=self.model_name, choices=[],
+            yield sse(CompletionResponse(id=request_id, model=model, choices=[],
                                          usage=usage(sum(prompt_tokens.values()), generated)))
         yield SSE_DONE
 
