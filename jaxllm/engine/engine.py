@@ -70,7 +70,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
                                    self.lora)
         self.processor = OutputProcessor(self.tokenizer)
-        self._lora_removals: set[int] = set()  # adapters removed; dropped once no request uses them
+        self._lora_removals: set[int] = set()  # adapters retired, unregistered once no request uses them
         self.num_steps = 0
         self._rng_streams = itertools.count()
         self.async_scheduling = args.async_scheduling
@@ -121,14 +121,18 @@ class LLMEngine:
         self._register_lora(lora_request)
 
     def remove_lora(self, lora_int_id: int) -> None:
-        """Forget an adapter; requests already using it run to their end first."""
+        """Forget an adapter; requests already using it run to their end first (its name is free at once, its id
+        is never reused)."""
+        if self.lora is None:
+            return
+        self.lora.retire(lora_int_id)
         self._lora_removals.add(lora_int_id)
         self._drop_removed_loras()
 
     def list_loras(self) -> list[LoRARequest]:
         if self.lora is None:
             return []
-        return [r for i, r in self.lora.registered.items() if i not in self._lora_removals]
+        return [r for i, r in self.lora.registered.items() if i not in self.lora.retired]
 
     def _register_lora(self, lora_request: LoRARequest | None) -> int:
         """The adapter's id (0 for none), registering it with the manager."""
@@ -139,16 +143,15 @@ class LLMEngine:
         if self.lora is None:
             raise ValueError(f"lora_request {lora_request.lora_name!r} given, but LoRA is not enabled "
                              "(enable_lora=True)")
-        if lora_request.lora_int_id in self._lora_removals:
-            raise ValueError(f"LoRA adapter id {lora_request.lora_int_id} was removed; give a new adapter a new id")
         self.lora.register(lora_request)
         return lora_request.lora_int_id
 
     def _drop_removed_loras(self) -> None:
+        """Unregister the removed adapters that no request uses any more."""
         in_use = {r.lora_int_id for r in self.scheduler.requests.values()}
         for lora_int_id in [i for i in self._lora_removals if i not in in_use]:
-            if self.lora is not None:
-                self.lora.unregister(lora_int_id)
+            self.lora.unregister(lora_int_id)
+            self._lora_removals.discard(lora_int_id)
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:

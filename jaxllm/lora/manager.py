@@ -29,6 +29,7 @@ class LoRAManager:
         self.max_cpu_loras = max_cpu_loras
         self.dtype = dtype
         self.registered: dict[int, LoRARequest] = {}
+        self.retired: set[int] = set()  # ids removed by the user: never served to new requests, never reused
         self._host: OrderedDict[int, HostAdapter] = OrderedDict()  # lora id -> arrays, least recent first
         self._slots: OrderedDict[int, int] = OrderedDict()  # lora id -> slot, least recently used first
         self._loads: list[tuple[int, int]] = []  # (slot, lora id) assigned since the last take_loads
@@ -36,17 +37,24 @@ class LoRAManager:
     # ------------------------------------------------------------------ adapters
     def register(self, lora: LoRARequest) -> None:
         """Know `lora` (read and check its files if new); ValueError if its id is another adapter's."""
+        if lora.lora_int_id in self.retired:
+            raise ValueError(f"LoRA adapter id {lora.lora_int_id} was removed; give a new adapter a new id")
         known = self.registered.get(lora.lora_int_id)
         if known is not None:
             if (known.lora_name, known.lora_path) != (lora.lora_name, lora.lora_path):
                 raise ValueError(f"lora_int_id {lora.lora_int_id} is already adapter {known.lora_name!r} "
                                  f"({known.lora_path}); each adapter needs its own id")
             return
-        for other in self.registered.values():
-            if other.lora_name == lora.lora_name:
+        for other_id, other in self.registered.items():
+            if other.lora_name == lora.lora_name and other_id not in self.retired:
                 raise ValueError(f"LoRA name {lora.lora_name!r} is already adapter id {other.lora_int_id}")
         self._cache(lora.lora_int_id, self._read(lora))
         self.registered[lora.lora_int_id] = lora
+
+    def retire(self, lora_int_id: int) -> None:
+        """No new request may use the adapter (its name is free again at once); unregister it once the requests
+        already using it have ended."""
+        self.retired.add(lora_int_id)
 
     def unregister(self, lora_int_id: int) -> None:
         """Forget an adapter no request uses any more (its slot becomes free)."""

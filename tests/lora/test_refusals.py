@@ -184,7 +184,11 @@ def test_an_adapter_removed_while_in_use_serves_its_running_requests_to_the_end(
     outputs = engine.step()
     engine.remove_lora(5)
     assert engine.list_loras() == [] and 5 in engine.lora.registered  # still used by "r"
+    with pytest.raises(ValueError, match="LoRA adapter id 5 was removed"):
+        engine.add_lora(lora)
     while engine.has_unfinished_requests():
         outputs = engine.step() or outputs
     assert outputs[0].outputs[0].token_ids == hf_greedy(merged, [4, 5, 6], 10)
     assert 5 not in engine.lora.registered and engine.lora.slots == {}
+    engine.add_lora(LoRARequest("removed", 6, str(path)))  # the name is free again; a new id
+    assert [r.lora_int_id for r in engine.list_loras()] == [6]
