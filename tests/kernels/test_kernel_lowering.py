@@ -66,3 +66,37 @@ def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(monkeypatch, num_
 
     packed = jax.tree.map(jnp.asarray, rtn_awq_params(dense, group_size=32))
     assert triton_calls(packed) == triton_calls(dense) + 4
+
+
+def test_lora_model_step_lowers_with_two_lora_kernels_per_linear(monkeypatch):
+    """The forward of a model with LoRA slots (bf16) lowered for CUDA: each of a layer's four linears adds the
+    shrink and expand Triton kernels to the layer scan's body, next to attention's."""
+    from jaxllm.config import ModelConfig
+    from jaxllm.lora import device_slots
+    from jaxllm.model import SequenceChunk, attention, build_step_batch, forward, init_kv_cache, lora_weight
+    from jaxllm.model import random_params
+
+    monkeypatch.setattr(attention, "_on_gpu", lambda: True)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # lora_weight picks the kernel on a GPU
+    config = ModelConfig(architecture="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=32)
+    params = random_params(config, jax.random.key(0), jnp.bfloat16)
+    chunks = [SequenceChunk([3, 4, 5], 0, [1, 2]), SequenceChunk([6], 4, [3, 4])]
+    batch = jax.tree.map(jnp.asarray, build_step_batch(chunks, 16, num_tokens=16))
+    batch = batch.replace(lora_slots=jnp.asarray([0, 1, 1, 2] + [0] * 12, jnp.int32))
+    cache = init_kv_cache(config, 9, 16, jnp.bfloat16)
+    slots = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                         jax.eval_shape(lambda: device_slots.init_slots(config, 2, 16, jnp.bfloat16)))
+
+    def step(params, slots, kv, batch):
+        layers = lora_weight.attach(params.layers, slots, batch.lora_slots)
+        return forward(params.replace(layers=layers), kv, batch, config=config, attention="pallas")
+
+    def plain(params, slots, kv, batch):
+        return forward(params, kv, batch, config=config, attention="pallas")
+
+    def triton_calls(fn) -> int:
+        return jax.jit(fn).trace(params, slots, cache, batch).lower(lowering_platforms=("cuda",)).as_text().count(
+            "__gpu$xla.gpu.triton")
+
+    assert triton_calls(step) == triton_calls(plain) + 2 * 4
