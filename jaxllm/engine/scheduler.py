@@ -161,12 +161,13 @@ class Scheduler:
 
     def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
         skipped: list[Request] = []
+        busy = {r.lora_int_id for r in self.running} if self.lora is not None else set()  # adapters in use
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self._pop_next_waiting()
             if request.num_pending:  # preempted with a token still on its way: readmit once it is known
                 skipped.append(request)
                 continue
-            if self.lora is not None and self.lora.acquire(request.lora_int_id, self._adapters_running()) is None:
+            if self.lora is not None and self.lora.acquire(request.lora_int_id, busy) is None:
                 skipped.append(request)  # every adapter slot is in use by running requests
                 continue
             first = request.wait_for
@@ -189,14 +190,12 @@ class Scheduler:
             request.num_computed_tokens = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            busy.add(request.lora_int_id)
             chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.blocks(request)))
             budget -= num_new
         for request in reversed(skipped):
             self._push_front(request)
         return budget
-
-    def _adapters_running(self) -> set[int]:
-        return {r.lora_int_id for r in self.running}
 
     def _pop_next_waiting(self) -> Request:
         if self.config.policy == "priority":
