@@ -20,6 +20,7 @@ import time
 import jax
 import numpy as np
 
+from jaxllm.benchmarks.datasets import mixed_lengths
 from jaxllm.llm import LLM
 from jaxllm.sampling_params import SamplingParams
 
@@ -33,7 +34,7 @@ def make_workload(name: str, tokenizer, seed: int = 0) -> list[tuple[list[int], 
     if name == "fixed":
         lengths = [(32, 128)] * 64
     else:
-        lengths = list(zip(rng.randint(16, 257, size=128), rng.randint(16, 257, size=128)))
+        lengths = mixed_lengths(rng)
     requests = []
     for prompt_len, output_len in lengths:
         ids: list[int] = []

@@ -30,3 +30,9 @@ def sample_lengths(rng: np.random.Generator, length: int, range_ratio: float, n:
     """[n] lengths drawn uniformly (inclusive) from length_range(length, range_ratio)."""
     low, high = length_range(length, range_ratio)
     return rng.integers(low, high + 1, size=n)
+
+
+def mixed_lengths(rng: np.random.RandomState, num_requests: int = 128) -> list[tuple[int, int]]:
+    """The mixed workload's (prompt tokens, output tokens) per request: each drawn uniformly in 16-256."""
+    prompts, outputs = rng.randint(16, 257, size=num_requests), rng.randint(16, 257, size=num_requests)
+    return [(int(p), int(o)) for p, o in zip(prompts, outputs)]

@@ -43,6 +43,24 @@ PROMPT_LOGPROBS_KEY = ProgramKey("prompt_logprobs")
 
 
 @dataclasses.dataclass
+class TokenCounts:
+    """Tokens the forward programs were given (scheduled) and computed (their T buckets, padding included)."""
+    scheduled: int = 0
+    computed: int = 0
+    steps: int = 0
+
+    def add(self, scheduled: int, computed: int) -> None:
+        self.scheduled += scheduled
+        self.computed += computed
+        self.steps += 1
+
+    @property
+    def padded_fraction(self) -> float:
+        """Share of the computed token rows that were padding."""
+        return 1.0 - self.scheduled / self.computed if self.computed else 0.0
+
+
+@dataclasses.dataclass
 class InflightStep:
     inputs: StepInputs
     sampled: object | None  # SamplerOutput of device arrays, or None when no chunk sampled
@@ -74,6 +92,7 @@ class ModelRunner:
                                      lora_slots=_abstract_placed(self.lora_slots))
         self._neutral: dict[int, LogitAdjustments] = {}  # per S bucket, on the device: "no adjustments"
         self._next_tokens = jax.device_put(np.zeros(self.buckets.num_sample_rows, np.int32))  # last step's samples
+        self.token_counts = TokenCounts()
 
     @property
     def programs_used(self) -> set[ProgramKey]:
@@ -99,6 +118,7 @@ class ModelRunner:
     def dispatch(self, out: SchedulerOutput) -> InflightStep:
         self._load_adapters(out.lora_loads)
         inputs = self.inputs.prepare(out)
+        self.token_counts.add(out.num_tokens, inputs.forward_key.size)
         hidden, self.kv = self.programs(inputs.forward_key, self.params, self.kv, inputs.batch, self._next_tokens,
                                         inputs.prev_rows, self.lora_slots)
         sampled = None
