@@ -99,20 +99,20 @@ def main():
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(args.threads)
     llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024)
     requests = make_workload(args.workload, llm.get_tokenizer())
     print(f"workload {args.workload}: {len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
-          f"{sum(n for _, n in requests)} output tokens; jax {jax.__version__}, torch {torch.__version__}, "
-          f"{platform.machine()}", flush=True)
+          f"{sum(n for _, n in requests)} output tokens; jax {jax.__version__}, {platform.machine()}", flush=True)
     results = [run_jaxllm(llm, make_workload(args.workload, llm.get_tokenizer(), seed=1), requests)]
     print(results[-1], flush=True)
     path = llm.engine.loaded.source.path
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval() \
-        if args.hf_dtypes else None
+    if args.hf_dtypes:  # torch and transformers only when HF runs
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(args.threads)
+        print(f"torch {torch.__version__}", flush=True)
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     for dtype in args.hf_dtypes:
         for batch_size in args.hf_batch_sizes:
             results.append(run_hf(hf, requests, batch_size, getattr(torch, dtype)))

@@ -3,7 +3,7 @@
     python benchmarks/padding.py [--max-num-seqs 64] [--max-num-batched-tokens 512] [--num-requests 128]
 
 A forward program of T tokens computes every row of its bucket (bucketing.Buckets: powers of two); rows past the
-step's scheduled tokens are padding. The workload is compare_hf.py's "mixed" one (prompt and output lengths drawn
+step's scheduled tokens are padding (runner.token_counts counts both). The workload is compare_hf.py's "mixed" one (prompt and output lengths drawn
 in 16-256 with seed 0) on a tiny random-weight model: padding depends on the scheduler and the buckets only, not
 on the weights. Prints the padded fraction over the run, for decode-only steps and for steps with prefill chunks.
 """

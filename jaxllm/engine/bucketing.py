@@ -1,10 +1,7 @@
 """Shape buckets: the step's programs are compiled per bucket, so XLA builds a small set, known in advance,
 however requests arrive; warm-up compiles all of it.
 
-    T  tokens per step        powers of two, and from 48 on also the midpoints 3 * 2^k (48, 96, 192, 384, ...),
-                              1 .. max_num_batched_tokens (rounded up): the forward's key. A forward computes
-                              every row of its bucket; the midpoints cut the padded rows of the mixed workload
-                              from 15.5% to 9.1% for 4 more programs at the defaults (benchmarks/padding.py)
+    T  tokens per step        powers of two 1 .. max_num_batched_tokens (rounded up): the forward's key
     S  sampled sequences      powers of two 1 .. max_num_seqs (rounded up): the sampler's key
 
 Everything else has one size per engine: a forward of T tokens has min(T, max_num_seqs) sequence rows, block
@@ -23,13 +20,10 @@ The programs of an engine (ProgramKey):
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import functools
 from typing import Iterator
 
 PROMPT_ROWS = 64  # prompt-logprob rows per call of the prompt-logprob program
-FIRST_MIDPOINT = 48  # token buckets below it are powers of two only
 
 
 def pow2_at_least(n: int) -> int:
@@ -41,18 +35,6 @@ def pow2_range(lo: int, hi: int) -> tuple[int, ...]:
     out, value = [], pow2_at_least(lo)
     while value <= pow2_at_least(hi):
         out.append(value)
-        value *= 2
-    return tuple(out)
-
-
-def token_bucket_sizes(max_tokens: int) -> tuple[int, ...]:
-    """Powers of two and, from FIRST_MIDPOINT on, the midpoints 3 * 2^k, through the first size >= max_tokens."""
-    out, value = [], 1
-    while not out or out[-1] < max_tokens:
-        out.append(value)
-        midpoint = 3 * value // 2
-        if midpoint >= FIRST_MIDPOINT and out[-1] < max_tokens:
-            out.append(midpoint)
         value *= 2
     return tuple(out)
 
@@ -77,9 +59,9 @@ class Buckets:
     max_num_seqs: int
     decode_only_programs: bool = False  # the Pallas path compiles decode-only forwards apart
 
-    @functools.cached_property
+    @property
     def token_sizes(self) -> tuple[int, ...]:
-        return token_bucket_sizes(self.max_num_batched_tokens)
+        return pow2_range(1, self.max_num_batched_tokens)
 
     @property
     def sample_sizes(self) -> tuple[int, ...]:
@@ -102,8 +84,7 @@ class Buckets:
         if num_tokens > self.max_num_batched_tokens:
             raise ValueError(f"a step of {num_tokens} tokens exceeds max_num_batched_tokens "
                              f"{self.max_num_batched_tokens}")
-        size = self.token_sizes[bisect.bisect_left(self.token_sizes, num_tokens)]
-        return ProgramKey("forward", size, decode_only and self.decode_only_programs)
+        return ProgramKey("forward", pow2_at_least(num_tokens), decode_only and self.decode_only_programs)
 
     def sample_key(self, num_rows: int) -> ProgramKey:
         if num_rows > self.max_num_seqs:

@@ -32,16 +32,14 @@ def test_program_set_at_the_defaults_is_within_budget(pallas):
     programs = list(buckets.all_programs())
     assert len(programs) == len(set(programs))
     forward = [p for p in programs if p.kind == "forward"]
-    # T = 1 .. 512: powers of two and 48, 96, 192, 384 (+ decode-only T = 1 .. 64 on the Pallas path)
-    assert len(forward) == (21 if pallas else 14)
+    assert len(forward) == (16 if pallas else 10)  # T = 1 .. 512 (+ decode-only T = 1 .. 64 on the Pallas path)
     assert sum(p.kind == "sample" for p in programs) == 7  # S = 1 .. 64
-    assert len(programs) == (29 if pallas else 22) <= PROGRAM_BUDGET
+    assert len(programs) == (24 if pallas else 18) <= PROGRAM_BUDGET
 
 
 def test_keys_round_up_and_refuse_what_cannot_happen():
     buckets = Buckets(max_num_batched_tokens=48, max_num_seqs=6)
-    assert buckets.forward_key(33, decode_only=False) == ProgramKey("forward", 48)  # a midpoint bucket
-    assert buckets.forward_key(17, decode_only=False) == ProgramKey("forward", 32)  # none below 48
+    assert buckets.forward_key(33, decode_only=False) == ProgramKey("forward", 64)
     assert buckets.forward_key(5, decode_only=True) == ProgramKey("forward", 8)  # no decode-only programs here
     assert Buckets(48, 6, decode_only_programs=True).forward_key(5, True) == ProgramKey("forward", 8, True)
     assert buckets.sample_key(6) == ProgramKey("sample", 8)

@@ -1,7 +1,7 @@
 """Padded token rows: every step's forward runs on the smallest token bucket that holds it, and on the mixed
 workload's shapes (128 requests, prompts and outputs of 16-256 tokens) at the default engine arguments the padded
-share of the computed rows stays under a bound (measured 9.1% with the midpoint buckets, 15.5% with powers of two
-alone: benchmarks/padding.py). Host only: the scheduler and the input batch, no model."""
+share of the computed rows stays under a bound (measured 15.5%: benchmarks/padding.py and RESULTS, which also say
+why buckets between the powers of two were not kept). Host only: the scheduler and the input batch, no model."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from jaxllm.sampling_params import SamplingParams
 VOCAB, BLOCK, MAX_MODEL_LEN = 1000, 16, 1024
 
 
-def test_mixed_workload_pads_under_a_tenth_of_its_rows():
+def test_mixed_workload_pads_under_a_sixth_of_its_rows():
     args = EngineArgs()
     buckets = Buckets(args.max_num_batched_tokens, args.max_num_seqs)
     counts, steps = _run_mixed_workload(buckets, args.max_num_seqs, args.max_num_batched_tokens)
@@ -30,7 +30,7 @@ def test_mixed_workload_pads_under_a_tenth_of_its_rows():
     for scheduled, computed in steps:
         smaller = [t for t in buckets.token_sizes if t < computed]
         assert scheduled <= computed and (not smaller or smaller[-1] < scheduled)  # the smallest that holds it
-    assert counts.padded_fraction < 0.10, counts
+    assert counts.padded_fraction < 0.16, counts
 
 
 def _run_mixed_workload(buckets: Buckets, max_num_seqs: int, max_num_batched_tokens: int):
