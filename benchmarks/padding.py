@@ -3,9 +3,10 @@
     python benchmarks/padding.py [--max-num-seqs 64] [--max-num-batched-tokens 512] [--num-requests 128]
 
 A forward program of T tokens computes every row of its bucket (bucketing.Buckets: powers of two); rows past the
-step's scheduled tokens are padding (runner.token_counts counts both). The workload is compare_hf.py's "mixed" one (prompt and output lengths drawn
-in 16-256 with seed 0) on a tiny random-weight model: padding depends on the scheduler and the buckets only, not
-on the weights. Prints the padded fraction over the run, for decode-only steps and for steps with prefill chunks.
+step's scheduled tokens are padding (runner.token_counts counts both). The workload is compare_hf.py's "mixed"
+one (prompt and output lengths drawn in 16-256 with seed 0) on a tiny random-weight model: padding depends on the
+scheduler and the buckets only, not on the weights. Prints the padded fraction over the run, for decode-only
+steps and for steps with prefill chunks.
 """
 
 from __future__ import annotations
@@ -34,12 +35,10 @@ def run(max_num_seqs: int, max_num_batched_tokens: int, num_requests: int) -> di
     dispatch = engine.runner.dispatch
 
     def counting_dispatch(out):
-        before = dataclasses.replace(engine.runner.token_counts)
         step = dispatch(out)
-        counts = engine.runner.token_counts
         kind = by_kind["decode-only" if all(c.num_new_tokens == 1 for c in out.chunks) else "with prefill"]
-        kind[0] += counts.scheduled - before.scheduled
-        kind[1] += counts.computed - before.computed
+        kind[0] += out.num_tokens
+        kind[1] += step.inputs.forward_key.size
         kind[2] += 1
         return step
 
