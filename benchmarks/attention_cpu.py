@@ -1,10 +1,12 @@
-"""Reference paged attention on the CPU: time of one layer's decode step vs batch size and context length.
+"""Paged attention on the CPU: one layer's decode call vs batch size and context length, per backend.
 
     python benchmarks/attention_cpu.py [--batch-sizes 1 8 32 64] [--contexts 128 512 2048 4096] [--dtype float32]
+                                       [--backends reference cpu]
 
 The attention shape is the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64), block size 16.
-Prints a markdown table: median milliseconds per layer call, the same times the model's 30 layers, and the KV bytes
-the call must read per second of its time.
+`reference` is the jnp reference, `cpu` the C++ FFI kernel (cpu_kernel.cc); the backends of one shape run one
+after the other on the same inputs. Prints a markdown table: median milliseconds per layer call, the same times the
+model's 30 layers, and the KV bytes the call must read per second of its time.
 """
 
 from __future__ import annotations
@@ -22,16 +24,19 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from pallas_kernels.paged_attention import ragged_paged_attention_reference  # noqa: E402
+from pallas_kernels.paged_attention.cpu_kernel import cpu_ragged_paged_attention  # noqa: E402
 from pallas_kernels.paged_attention.testing import random_ragged_case  # noqa: E402
+
+BACKENDS = {"reference": ragged_paged_attention_reference, "cpu": cpu_ragged_paged_attention}
 
 LAYOUT = dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16)
 NUM_LAYERS = 30
 
 
-def time_decode(batch: int, context: int, dtype, repeats: int) -> tuple[float, int]:
+def time_decode(backend: str, batch: int, context: int, dtype, repeats: int) -> tuple[float, int]:
     """(median seconds per call, KV bytes read per call) for `batch` sequences of one query token each."""
     case = random_ragged_case(0, [(1, context)] * batch, dtype=dtype, num_layers=1, **LAYOUT)
-    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=LAYOUT["head_dim"] ** -0.5))
+    attend = jax.jit(functools.partial(BACKENDS[backend], sm_scale=LAYOUT["head_dim"] ** -0.5))
     jax.block_until_ready(attend(*case.args()))
     times = []
     for _ in range(repeats):
@@ -47,18 +52,20 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048, 4096])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--backends", nargs="+", default=["reference", "cpu"], choices=sorted(BACKENDS))
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
 
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs, {args.dtype}\n")
-    print("| batch | context | ms / layer | ms / step (30 layers) | KV read GB/s |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| backend | batch | context | ms / layer | ms / step (30 layers) | KV read GB/s |")
+    print("|---|---:|---:|---:|---:|---:|")
     for batch in args.batch_sizes:
         for context in args.contexts:
-            sec, kv_bytes = time_decode(batch, context, jnp.dtype(args.dtype), args.repeats)
-            ms = sec * 1e3
-            print(f"| {batch} | {context} | {ms:.3f} | {ms * NUM_LAYERS:.1f} | {kv_bytes / sec / 1e9:.2f} |",
-                  flush=True)
+            for backend in args.backends:
+                sec, kv_bytes = time_decode(backend, batch, context, jnp.dtype(args.dtype), args.repeats)
+                ms = sec * 1e3
+                print(f"| {backend} | {batch} | {context} | {ms:.3f} | {ms * NUM_LAYERS:.1f} | "
+                      f"{kv_bytes / sec / 1e9:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ class EngineArgs:
     scheduling_policy: str = _arg("fcfs", "fcfs: arrival order; priority: lower priority value first, then "
                                           "arrival", SCHEDULING_POLICIES)
     seed: int = _arg(0, "seed of the random sampling streams of requests without a seed of their own")
-    attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, reference elsewhere",
+    attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, else cpu (the native "
+                                          "kernel, built at first use) or reference where it cannot be built",
                           ATTENTION_CHOICES)
     warmup: bool = _arg(False, "build every step program before serving, so that no request waits for a compile")
     async_scheduling: bool = _arg(True, "dispatch each engine step before the previous one's tokens are back "

@@ -1,11 +1,13 @@
-"""The Llama forward with Pallas attention (interpret mode on CPU) equals the forward with reference attention.
+"""The Llama forward with each attention kernel equals the forward with reference attention.
 
-Three steps on a tiny random-weight model, each backend with its own KV cache: two mixed steps (whole prompts, a
-prefill chunk after a cached prefix, a decode token) through the ragged kernel, then a decode-only step with a
-padded sequence through the split-KV kernel.
+The kernels: Pallas (interpret mode on CPU) and the native CPU kernel. Three steps on a tiny random-weight model,
+each backend with its own KV cache: two mixed steps (whole prompts, a prefill chunk after a cached prefix, a decode
+token) through the ragged kernel, then a decode-only step with a padded sequence (Pallas: the split-KV kernel).
 """
 
 from __future__ import annotations
+
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,8 @@ import pytest
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params
-from jaxllm.model.attention import get_attention, reference_attention
+from jaxllm.model import attention
+from jaxllm.model.attention import cpu_attention, get_attention, reference_attention, resolve_attention
 
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=16)
@@ -34,22 +37,36 @@ def _steps(rng: np.random.Generator):
     ]
 
 
-def test_pallas_attention_model_matches_reference():
+@pytest.mark.parametrize("kernel", ["pallas", "cpu"])
+def test_kernel_attention_model_matches_reference(kernel):
     params = random_params(CONFIG, jax.random.key(0), jnp.float32, scale=0.1)
     steps = _steps(np.random.default_rng(0))
-    forwards = {name: jit_forward(CONFIG, attention=name) for name in ("reference", "pallas")}
+    forwards = {name: jit_forward(CONFIG, attention=name) for name in ("reference", kernel)}
     caches = {name: init_kv_cache(CONFIG, num_blocks=8, block_size=BLOCK_SIZE) for name in forwards}
     for i, chunks in enumerate(steps):
         batch = build_step_batch(chunks, BLOCK_SIZE, num_tokens=32, num_seqs=4, max_blocks=3)
         logits = {}
         for name, forward in forwards.items():
             logits[name], caches[name] = forward(params, caches[name], batch)
-        expected, actual = np.asarray(logits["reference"]), np.asarray(logits["pallas"])
+        expected, actual = np.asarray(logits["reference"]), np.asarray(logits[kernel])
         assert not np.isnan(actual).any()
         np.testing.assert_allclose(actual, expected, rtol=2e-4, atol=2e-4, err_msg=f"step {i}")
-    np.testing.assert_allclose(np.asarray(caches["pallas"].k), np.asarray(caches["reference"].k), atol=1e-4)
+    np.testing.assert_allclose(np.asarray(caches[kernel].k), np.asarray(caches["reference"].k), atol=1e-4)
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the CPU backend's choice; on a GPU 'auto' is pallas")
-def test_auto_is_reference_on_cpu():
-    assert get_attention("auto") is reference_attention
+ON_CPU = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU backend's choice; on a GPU 'auto' is pallas")
+
+
+@ON_CPU
+def test_auto_is_the_native_kernel_on_cpu():
+    assert get_attention("auto") is cpu_attention
+
+
+@ON_CPU
+def test_auto_falls_back_to_reference_where_the_kernel_cannot_be_built(monkeypatch, caplog):
+    monkeypatch.setattr(attention, "cpu_kernel_error", lambda: "no C++ compiler: 'c++' is not on PATH")
+    with caplog.at_level(logging.WARNING, logger=attention.__name__):
+        assert get_attention("auto") is reference_attention
+    assert "no C++ compiler" in caplog.text
+    with pytest.raises(ValueError, match="'cpu' cannot run here: no C\\+\\+ compiler"):
+        resolve_attention("cpu")

@@ -93,7 +93,7 @@ def test_help_lists_the_engine_flags(command, capsys):
     assert exited.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--gpu-memory-utilization", "--scheduling-policy {fcfs,priority}", "--enable-chunked-prefill",
-                 "--no-enable-prefix-caching", "--kv-cache-memory-bytes", "--attention {auto,pallas,reference}"):
+                 "--no-enable-prefix-caching", "--kv-cache-memory-bytes", "--attention {auto,cpu,pallas,reference}"):
         assert flag in out
 
 
@@ -119,7 +119,7 @@ def test_choices_are_the_values_the_engine_accepts():
     ("gpu_memory_utilization", 0.0, r"gpu_memory_utilization must be in \(0, 1\], got 0.0"),
     ("gpu_memory_utilization", 1.5, r"gpu_memory_utilization must be in \(0, 1\], got 1.5"),
     ("dtype", "int8", "dtype must be one of auto, float32, bfloat16, float16; got 'int8'"),
-    ("attention", "flash", "attention must be one of auto, pallas, reference; got 'flash'"),
+    ("attention", "flash", "attention must be one of auto, cpu, pallas, reference; got 'flash'"),
     ("scheduling_policy", "lifo", "scheduling_policy must be one of fcfs, priority; got 'lifo'"),
     ("max_num_seqs", None, "max_num_seqs must be int, got None"),
     ("warmup", 1, "warmup must be bool, got 1"),

@@ -1,0 +1,250 @@
+// Ragged paged attention for the CPU: an XLA FFI handler that reads K/V blocks in place in the pool.
+//
+// The contract is the jnp reference's (reference.py), which this is tested against:
+//
+//   q [T, Hq, D] float32, k_pool / v_pool [L, N, Hkv, B, D] float32 or bfloat16, layer [] int32,
+//   block_tables [S, MB] int32, context_lens [S] int32, query_start_loc [S+1] int32  ->  out [T, Hq, D] float32
+//
+// Sequence s owns the query tokens query_start_loc[s] .. query_start_loc[s+1], its last q_len tokens; query i sits
+// at position context_lens[s] - q_len + i and sees the keys 0 .. that position. Tokens past query_start_loc[S]
+// (padding) come out as zeros.
+//
+// Work items are (sequence, KV head, query tile): a tile holds up to kQueryTile consecutive tokens of one
+// sequence and the G = Hq / Hkv query heads that share the KV head, so each K/V block is read from the pool once
+// per tile, where it lies, and used by every query vector of the tile while it sits in L1. Items run longest
+// first on XLA's intra-op thread pool and the calling thread; each keeps an online softmax in float32.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kQueryTile = 32;  // query tokens per work item
+
+struct Item {
+  int64_t seq;    // sequence
+  int64_t head;   // KV head
+  int64_t first;  // first query of the tile, within the sequence's queries
+  int64_t count;  // queries in the tile
+  int64_t cost;   // keys read x query vectors, for longest-first ordering
+};
+
+struct Shapes {
+  int64_t num_tokens, num_q_heads, head_dim;  // q: [T, Hq, D]
+  int64_t num_blocks, num_kv_heads, block_size;  // pool: [L, N, Hkv, B, D]
+  int64_t max_blocks;  // block tables: [S, MB]
+};
+
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(uint16_t bf16) {  // bfloat16 bits -> float32: the high half of the float
+  uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+// One K/V block [B, D] of one KV head, converted to float32 (a copy of the pointer for float32 pools).
+template <typename T>
+const float* BlockAsFloat(const T* block, int64_t n, std::vector<float>& scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return block;
+  } else {
+    for (int64_t i = 0; i < n; ++i) scratch[i] = ToFloat(block[i]);
+    return scratch.data();
+  }
+}
+
+inline float Dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];  // vectorized: built with -fassociative-math
+  return sum;
+}
+
+// Attend one work item: its count x G query vectors against keys 0 .. its last query's position.
+template <typename T>
+void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
+                const int32_t* tables, const int32_t* context_lens, const int32_t* starts, float sm_scale,
+                float* out) {
+  const int64_t D = sh.head_dim, B = sh.block_size, G = sh.num_q_heads / sh.num_kv_heads;
+  const int64_t num_vectors = item.count * G;
+  const int64_t q_len = starts[item.seq + 1] - starts[item.seq];
+  const int64_t first_pos = context_lens[item.seq] - q_len + item.first;  // position of the tile's first query
+  const int64_t kv_end = first_pos + item.count;  // keys at or past it are unseen by every query of the tile
+
+  std::vector<float> qv(num_vectors * D), acc(num_vectors * D, 0.0f), k_tmp(B * D), v_tmp(B * D);
+  std::vector<float> m(num_vectors, -INFINITY), denom(num_vectors, 0.0f), scores(B);
+  for (int64_t t = 0; t < item.count; ++t) {  // query vector t * G + g = token t, head item.head * G + g
+    const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
+    for (int64_t i = 0; i < G * D; ++i) qv[t * G * D + i] = src[i] * sm_scale;
+  }
+
+  const int64_t head_stride = B * D, block_stride = sh.num_kv_heads * head_stride;
+  for (int64_t b = 0; b * B < kv_end; ++b) {
+    const int64_t block = tables[item.seq * sh.max_blocks + b];
+    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * D, k_tmp);
+    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, v_tmp);
+    for (int64_t t = 0; t < item.count; ++t) {
+      const int64_t visible = std::min(B, first_pos + t + 1 - b * B);  // causal: keys up to the query's position
+      if (visible <= 0) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t vec = t * G + g;
+        const float* qrow = &qv[vec * D];
+        float block_max = -INFINITY;
+        for (int64_t j = 0; j < visible; ++j) {
+          scores[j] = Dot(qrow, k + j * D, D);
+          block_max = std::max(block_max, scores[j]);
+        }
+        const float m_new = std::max(m[vec], block_max);
+        const float alpha = std::exp(m[vec] - m_new);
+        float* a = &acc[vec * D];
+        for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+        float p_sum = 0.0f;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float p = std::exp(scores[j] - m_new);
+          p_sum += p;
+          const float* vrow = v + j * D;
+          for (int64_t d = 0; d < D; ++d) a[d] += p * vrow[d];
+        }
+        denom[vec] = denom[vec] * alpha + p_sum;
+        m[vec] = m_new;
+      }
+    }
+  }
+  for (int64_t t = 0; t < item.count; ++t) {
+    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float inv = denom[t * G + g] > 0.0f ? 1.0f / denom[t * G + g] : 0.0f;
+      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = acc[(t * G + g) * D + d] * inv;
+    }
+  }
+}
+
+// The work items of a step, longest first; an error names the first input that breaks the contract.
+ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, const int32_t* context_lens,
+                     const int32_t* starts, std::vector<Item>& items) {
+  if (starts[0] < 0 || starts[num_seqs] > sh.num_tokens)
+    return ffi::Error::InvalidArgument("query_start_loc runs outside the query tokens");
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s], context = context_lens[s];
+    if (q_len < 0) return ffi::Error::InvalidArgument("query_start_loc must be non-decreasing");
+    if (q_len == 0) continue;
+    if (context < q_len || context > sh.max_blocks * sh.block_size)
+      return ffi::Error::InvalidArgument("context_lens[" + std::to_string(s) + "] = " + std::to_string(context) +
+                                         " is below its query length or beyond its block table");
+    for (int64_t b = 0; b * sh.block_size < context; ++b) {
+      const int32_t block = tables[s * sh.max_blocks + b];
+      if (block < 0 || block >= sh.num_blocks)
+        return ffi::Error::InvalidArgument("block_tables[" + std::to_string(s) + ", " + std::to_string(b) +
+                                           "] = " + std::to_string(block) + " is not a pool block");
+    }
+    for (int64_t first = 0; first < q_len; first += kQueryTile) {
+      const int64_t count = std::min(kQueryTile, q_len - first);
+      const int64_t keys = context - q_len + first + count;
+      for (int64_t h = 0; h < sh.num_kv_heads; ++h) items.push_back({s, h, first, count, keys * count});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  return ffi::Error::Success();
+}
+
+// Runs work(i) for i in 0 .. n on the calling thread and on the pool's threads. Returns once every item is done;
+// a pool task that starts later finds no item left and touches nothing but the shared counters.
+template <typename Work>
+void ParallelFor(ffi::ThreadPool& pool, int64_t n, Work work) {
+  struct Counters {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto counters = std::make_shared<Counters>();
+  auto run = [counters, n](auto& fn) {
+    for (int64_t i; (i = counters->next.fetch_add(1)) < n;) {
+      fn(i);
+      counters->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
+  auto shared_work = std::make_shared<Work>(work);
+  for (int64_t i = 0; i < helpers; ++i) {
+    pool.Schedule([counters, n, shared_work, run]() mutable {
+      if (counters->next.load() < n) run(*shared_work);
+    });
+  }
+  run(work);
+  while (counters->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+}
+
+template <typename T>
+ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi::Buffer<ffi::F32> q,
+                  ffi::AnyBuffer k_pool, ffi::AnyBuffer v_pool, int64_t layer, const int32_t* tables,
+                  const int32_t* context_lens, const int32_t* starts, float sm_scale, float* out) {
+  std::vector<Item> items;
+  if (ffi::Error error = MakeItems(sh, num_seqs, tables, context_lens, starts, items); error.failure())
+    return error;
+  const int64_t layer_elems = sh.num_blocks * sh.num_kv_heads * sh.block_size * sh.head_dim;
+  const T* k_layer = static_cast<const T*>(k_pool.untyped_data()) + layer * layer_elems;
+  const T* v_layer = static_cast<const T*>(v_pool.untyped_data()) + layer * layer_elems;
+  const float* q_data = q.typed_data();
+  std::memset(out, 0, sizeof(float) * sh.num_tokens * sh.num_q_heads * sh.head_dim);
+  ParallelFor(pool, static_cast<int64_t>(items.size()), [&](int64_t i) {
+    AttendItem<T>(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, sm_scale, out);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_pool,
+                                ffi::AnyBuffer v_pool, ffi::Buffer<ffi::S32> layer,
+                                ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> context_lens,
+                                ffi::Buffer<ffi::S32> query_start_loc, float sm_scale,
+                                ffi::ResultBuffer<ffi::F32> out) {
+  const auto qd = q.dimensions(), pd = k_pool.dimensions(), td = block_tables.dimensions();
+  if (qd.size() != 3 || pd.size() != 5 || td.size() != 2 || v_pool.dimensions().size() != 5)
+    return ffi::Error::InvalidArgument("q must be [T, Hq, D], the pools [L, N, Hkv, B, D], block_tables [S, MB]");
+  const Shapes sh{qd[0], qd[1], qd[2], pd[1], pd[2], pd[3], td[1]};
+  const int64_t num_seqs = td[0];
+  if (pd[4] != sh.head_dim || sh.num_kv_heads == 0 || sh.num_q_heads % sh.num_kv_heads != 0)
+    return ffi::Error::InvalidArgument("q heads must be a multiple of the pool's KV heads, with one head size");
+  if (context_lens.element_count() != num_seqs || query_start_loc.element_count() != num_seqs + 1)
+    return ffi::Error::InvalidArgument("context_lens must be [S] and query_start_loc [S+1]");
+  if (k_pool.element_type() != v_pool.element_type())
+    return ffi::Error::InvalidArgument("k_pool and v_pool must share a dtype");
+  const int64_t layer_index = *layer.typed_data();
+  if (layer_index < 0 || layer_index >= pd[0]) return ffi::Error::InvalidArgument("layer is not a pool layer");
+  const int32_t *tables = block_tables.typed_data(), *ctx = context_lens.typed_data(),
+                *starts = query_start_loc.typed_data();
+  switch (k_pool.element_type()) {
+    case ffi::F32:
+      return Attend<float>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, sm_scale,
+                           out->typed_data());
+    case ffi::BF16:
+      return Attend<uint16_t>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, sm_scale,
+                              out->typed_data());
+    default:
+      return ffi::Error::InvalidArgument("the KV pool must be float32 or bfloat16");
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmRaggedPagedAttention, RaggedPagedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q
+                                  .Arg<ffi::AnyBuffer>()         // k_pool
+                                  .Arg<ffi::AnyBuffer>()         // v_pool
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // block_tables
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // context_lens
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // query_start_loc
+                                  .Attr<float>("sm_scale")
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out
+);

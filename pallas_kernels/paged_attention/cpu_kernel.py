@@ -1,0 +1,60 @@
+"""Ragged paged attention on the CPU as a native XLA FFI call (cpu_kernel.cc), the CPU twin of the Pallas kernels.
+
+The jnp reference gathers a copy of every key block it reads; this kernel reads the blocks where they lie in the
+pool, one (sequence, KV head, query tile) at a time on XLA's CPU threads. Same contract and arguments as
+`ragged_paged_attention_reference`, tested against it. The library is built at first use (pallas_kernels/
+native_build.py); `cpu_kernel_error()` says why it cannot be on this machine (None when it can).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.native_build import NativeBuildError, load_native_library
+
+SOURCE = Path(__file__).with_name("cpu_kernel.cc")
+TARGET = "jaxllm_ragged_paged_attention"
+
+
+def cpu_ragged_paged_attention(
+    q: jax.Array,  # [T, Hq, D]
+    k_pool: jax.Array,  # [L, N, Hkv, B, D] float32 or bfloat16
+    v_pool: jax.Array,  # [L, N, Hkv, B, D]
+    layer: jax.Array | int,  # scalar
+    block_tables: jax.Array,  # [S, MB] int32
+    context_lens: jax.Array,  # [S] int32, 0 for padded sequences
+    query_start_loc: jax.Array,  # [S+1] int32
+    *,
+    sm_scale: float,
+) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
+    _register()
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    out = call(q.astype(jnp.float32), k_pool, v_pool, jnp.asarray(layer, jnp.int32),
+               block_tables.astype(jnp.int32), context_lens.astype(jnp.int32), query_start_loc.astype(jnp.int32),
+               sm_scale=np.float32(sm_scale))
+    return out.astype(q.dtype)
+
+
+@functools.cache
+def cpu_kernel_error() -> str | None:
+    """Why the native kernel cannot run here (no compiler, a build error), or None when it can; asked once."""
+    try:
+        _register()
+    except NativeBuildError as error:
+        return str(error)
+    return None
+
+
+@functools.cache
+def _register() -> None:
+    library = load_native_library(SOURCE)
+    try:
+        handler = jax.ffi.pycapsule(library.JaxllmRaggedPagedAttention)
+    except AttributeError as error:
+        raise NativeBuildError(f"{SOURCE.name} built without its handler: {error}") from error
+    jax.ffi.register_ffi_target(TARGET, handler, platform="cpu")
