@@ -22,6 +22,8 @@ import numpy as np
 
 from jaxllm.benchmarks.datasets import mixed_lengths
 from jaxllm.llm import LLM
+from jaxllm.model.attention import resolve_attention
+from jaxllm.model.params import params_dtype
 from jaxllm.sampling_params import SamplingParams
 
 WORDS = ("the quick brown fox jumps over lazy dog river mountain city story science music history ocean "
@@ -95,14 +97,18 @@ def main():
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--hf-dtypes", nargs="*", default=["float32", "bfloat16"], help="none: jaxllm alone")
+    parser.add_argument("--attention", default="auto", help="jaxllm's attention backend (EngineArgs.attention)")
+    parser.add_argument("--dtype", default="auto", help="jaxllm's weight and KV dtype (EngineArgs.dtype)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (jax uses all cores)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
 
-    llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024)
+    llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024,
+              attention=args.attention, dtype=args.dtype)
     requests = make_workload(args.workload, llm.get_tokenizer())
     print(f"workload {args.workload}: {len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
-          f"{sum(n for _, n in requests)} output tokens; jax {jax.__version__}, {platform.machine()}", flush=True)
+          f"{sum(n for _, n in requests)} output tokens; jax {jax.__version__}, {platform.machine()}, attention "
+          f"{resolve_attention(args.attention)}, dtype {params_dtype(llm.engine.runner.params)}", flush=True)
     results = [run_jaxllm(llm, make_workload(args.workload, llm.get_tokenizer(), seed=1), requests)]
     print(results[-1], flush=True)
     path = llm.engine.loaded.source.path

@@ -50,6 +50,26 @@ def load_native_library(source: Path) -> ctypes.CDLL:
         raise NativeBuildError(f"could not load {library}: {error}") from error
 
 
+@functools.cache
+def register_cpu_target(source: Path, symbol: str, target: str) -> None:
+    """Register the FFI handler `symbol` of `source`'s library as the CPU custom-call target `target`."""
+    library = load_native_library(source)
+    try:
+        handler = jax.ffi.pycapsule(getattr(library, symbol))
+    except AttributeError as error:
+        raise NativeBuildError(f"{source.name} built without its handler {symbol}: {error}") from error
+    jax.ffi.register_ffi_target(target, handler, platform="cpu")
+
+
+def native_error(source: Path, symbol: str, target: str) -> str | None:
+    """Why `target` cannot be registered here (no compiler, a build error), or None once it is."""
+    try:
+        register_cpu_target(source, symbol, target)
+    except NativeBuildError as error:
+        return str(error)
+    return None
+
+
 def _compile(command: list[str], source: Path, library: Path) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=library.parent, prefix=library.stem, suffix=".tmp")

@@ -71,61 +71,101 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// x[i] = exp(x[i]) for x[i] <= 0 (scores minus their running max), in a loop the compiler vectorizes:
+// 2^k * p(r) with x = k ln2 + r, ln2 split in two (the fused multiply-adds keep the split exact), p of degree 7;
+// within 1e-7 of exp relative, as the C library's is.
+inline void ExpInPlace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = std::max(x[i], -87.0f);  // exp(-87) ~ 2^-125.5: the smallest normal float's neighbourhood
+    const float k = __builtin_roundf(v * 1.44269504088896341f);
+    float r = __builtin_fmaf(k, -0.693359375f, v);
+    r = __builtin_fmaf(k, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    x[i] = p * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
+  }
+}
+
+// Per-thread buffers, reused from item to item.
+struct Scratch {
+  std::vector<float> q, acc, m, denom, scores, k, v;
+};
+
+// Scores of one query vector against the first n keys of a [B, D] block.
+inline void Scores(const float* q, const float* k, int64_t n, int64_t D, float* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = Dot(q, k + j * D, D);
+}
+
+// One online-softmax step of a query vector over n visible keys whose scores are in s (overwritten).
+inline void SoftmaxStep(float* s, const float* v, int64_t n, int64_t D, float& m, float& denom, float* acc) {
+  float block_max = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) block_max = std::max(block_max, s[j]);
+  const float m_new = std::max(m, block_max);
+  const float alpha = std::exp(m - m_new);  // 0 at the first block (m = -inf)
+  for (int64_t j = 0; j < n; ++j) s[j] -= m_new;
+  ExpInPlace(s, n);
+  float p_sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) p_sum += s[j];
+  for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = s[j];
+    const float* row = v + j * D;
+    for (int64_t d = 0; d < D; ++d) acc[d] += p * row[d];
+  }
+  denom = denom * alpha + p_sum;
+  m = m_new;
+}
+
 // Attend one work item: its count x G query vectors against keys 0 .. its last query's position.
 template <typename T>
 void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                 const int32_t* tables, const int32_t* context_lens, const int32_t* starts, float sm_scale,
                 float* out) {
   const int64_t D = sh.head_dim, B = sh.block_size, G = sh.num_q_heads / sh.num_kv_heads;
-  const int64_t num_vectors = item.count * G;
+  const int64_t num_vectors = item.count * G;  // vector t * G + g: token t of the tile, query head item.head * G + g
   const int64_t q_len = starts[item.seq + 1] - starts[item.seq];
   const int64_t first_pos = context_lens[item.seq] - q_len + item.first;  // position of the tile's first query
   const int64_t kv_end = first_pos + item.count;  // keys at or past it are unseen by every query of the tile
 
-  std::vector<float> qv(num_vectors * D), acc(num_vectors * D, 0.0f), k_tmp(B * D), v_tmp(B * D);
-  std::vector<float> m(num_vectors, -INFINITY), denom(num_vectors, 0.0f), scores(B);
-  for (int64_t t = 0; t < item.count; ++t) {  // query vector t * G + g = token t, head item.head * G + g
+  thread_local Scratch buf;
+  buf.q.resize(num_vectors * D);
+  buf.acc.assign(num_vectors * D, 0.0f);
+  buf.m.assign(num_vectors, -INFINITY);
+  buf.denom.assign(num_vectors, 0.0f);
+  buf.scores.resize(B);
+  buf.k.resize(B * D);
+  buf.v.resize(B * D);
+  for (int64_t t = 0; t < item.count; ++t) {
     const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
-    for (int64_t i = 0; i < G * D; ++i) qv[t * G * D + i] = src[i] * sm_scale;
+    for (int64_t i = 0; i < G * D; ++i) buf.q[t * G * D + i] = src[i] * sm_scale;
   }
 
   const int64_t head_stride = B * D, block_stride = sh.num_kv_heads * head_stride;
   for (int64_t b = 0; b * B < kv_end; ++b) {
     const int64_t block = tables[item.seq * sh.max_blocks + b];
-    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * D, k_tmp);
-    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, v_tmp);
+    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * D, buf.k);
+    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, buf.v);
+    const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
     for (int64_t t = 0; t < item.count; ++t) {
-      const int64_t visible = std::min(B, first_pos + t + 1 - b * B);  // causal: keys up to the query's position
+      const int64_t visible = std::min(keys, first_pos + t + 1 - b * B);  // causal: up to the query's position
       if (visible <= 0) continue;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t vec = t * G + g;
-        const float* qrow = &qv[vec * D];
-        float block_max = -INFINITY;
-        for (int64_t j = 0; j < visible; ++j) {
-          scores[j] = Dot(qrow, k + j * D, D);
-          block_max = std::max(block_max, scores[j]);
-        }
-        const float m_new = std::max(m[vec], block_max);
-        const float alpha = std::exp(m[vec] - m_new);
-        float* a = &acc[vec * D];
-        for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
-        float p_sum = 0.0f;
-        for (int64_t j = 0; j < visible; ++j) {
-          const float p = std::exp(scores[j] - m_new);
-          p_sum += p;
-          const float* vrow = v + j * D;
-          for (int64_t d = 0; d < D; ++d) a[d] += p * vrow[d];
-        }
-        denom[vec] = denom[vec] * alpha + p_sum;
-        m[vec] = m_new;
+      for (int64_t vec = t * G; vec < (t + 1) * G; ++vec) {
+        Scores(&buf.q[vec * D], k, visible, D, buf.scores.data());
+        SoftmaxStep(buf.scores.data(), v, visible, D, buf.m[vec], buf.denom[vec], &buf.acc[vec * D]);
       }
     }
   }
   for (int64_t t = 0; t < item.count; ++t) {
     float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
     for (int64_t g = 0; g < G; ++g) {
-      const float inv = denom[t * G + g] > 0.0f ? 1.0f / denom[t * G + g] : 0.0f;
-      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = acc[(t * G + g) * D + d] * inv;
+      const int64_t vec = t * G + g;
+      const float inv = buf.denom[vec] > 0.0f ? 1.0f / buf.denom[vec] : 0.0f;
+      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = buf.acc[vec * D + d] * inv;
     }
   }
 }

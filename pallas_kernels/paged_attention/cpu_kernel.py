@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.native_build import NativeBuildError, load_native_library
+from pallas_kernels.native_build import native_error, register_cpu_target
 
 SOURCE = Path(__file__).with_name("cpu_kernel.cc")
+SYMBOL = "JaxllmRaggedPagedAttention"
 TARGET = "jaxllm_ragged_paged_attention"
 
 
@@ -43,18 +44,8 @@ def cpu_ragged_paged_attention(
 @functools.cache
 def cpu_kernel_error() -> str | None:
     """Why the native kernel cannot run here (no compiler, a build error), or None when it can; asked once."""
-    try:
-        _register()
-    except NativeBuildError as error:
-        return str(error)
-    return None
+    return native_error(SOURCE, SYMBOL, TARGET)
 
 
-@functools.cache
 def _register() -> None:
-    library = load_native_library(SOURCE)
-    try:
-        handler = jax.ffi.pycapsule(library.JaxllmRaggedPagedAttention)
-    except AttributeError as error:
-        raise NativeBuildError(f"{SOURCE.name} built without its handler: {error}") from error
-    jax.ffi.register_ffi_target(TARGET, handler, platform="cpu")
+    register_cpu_target(SOURCE, SYMBOL, TARGET)
