@@ -22,6 +22,7 @@ from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.assemble import numpy_dtype
 from jaxllm.loaders.resolve import ORBAX_MARKER
 from jaxllm.model.params import LlamaParams, abstract_params, params_dtype
+from jaxllm.model.bf16_bits_weight import dense_weights
 from jaxllm.model.weights import WeightFormat
 
 FORMAT_VERSION = 1
@@ -29,6 +30,7 @@ FORMAT_VERSION = 1
 
 def save_checkpoint(path: str | Path, config: ModelConfig, params: LlamaParams, tokenizer=None) -> Path:
     path = Path(path).absolute()
+    params = dense_weights(params)  # a CPU model's bfloat16 weights held as bits are saved as the weights
     packed = sorted({type(w).__name__ for w in vars(params.layers).values() if isinstance(w, WeightFormat)})
     if packed:
         raise ValueError(f"cannot save {', '.join(packed)} weights: jaxllm checkpoints hold dense weights (keep "

@@ -91,6 +91,12 @@ inline void ExpInPlace(float* x, int64_t n) {
   }
 }
 
+template <typename T>
+inline void Prefetch(const T* data, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(data);
+  for (int64_t offset = 0; offset < n * static_cast<int64_t>(sizeof(T)); offset += 64) __builtin_prefetch(bytes + offset);
+}
+
 // Per-thread buffers, reused from item to item.
 struct Scratch {
   std::vector<float> q, acc, m, denom, scores, k, v;
@@ -122,11 +128,14 @@ inline void SoftmaxStep(float* s, const float* v, int64_t n, int64_t D, float& m
 }
 
 // Attend one work item: its count x G query vectors against keys 0 .. its last query's position.
-template <typename T>
+// kD, kB: the head size and block size fixed at compile time (0: read from the shapes), so that the common ones
+// get fully unrolled loops.
+template <typename T, int64_t kD, int64_t kB>
 void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                 const int32_t* tables, const int32_t* context_lens, const int32_t* starts, float sm_scale,
                 float* out) {
-  const int64_t D = sh.head_dim, B = sh.block_size, G = sh.num_q_heads / sh.num_kv_heads;
+  const int64_t D = kD > 0 ? kD : sh.head_dim, B = kB > 0 ? kB : sh.block_size;
+  const int64_t G = sh.num_q_heads / sh.num_kv_heads;
   const int64_t num_vectors = item.count * G;  // vector t * G + g: token t of the tile, query head item.head * G + g
   const int64_t q_len = starts[item.seq + 1] - starts[item.seq];
   const int64_t first_pos = context_lens[item.seq] - q_len + item.first;  // position of the tile's first query
@@ -148,6 +157,11 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
   const int64_t head_stride = B * D, block_stride = sh.num_kv_heads * head_stride;
   for (int64_t b = 0; b * B < kv_end; ++b) {
     const int64_t block = tables[item.seq * sh.max_blocks + b];
+    if ((b + 1) * B < kv_end) {  // the next block lies anywhere in the pool: ask for it now
+      const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
+      Prefetch(k_layer + next, B * D);
+      Prefetch(v_layer + next, B * D);
+    }
     const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * D, buf.k);
     const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, buf.v);
     const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
@@ -235,9 +249,18 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
   const T* v_layer = static_cast<const T*>(v_pool.untyped_data()) + layer * layer_elems;
   const float* q_data = q.typed_data();
   std::memset(out, 0, sizeof(float) * sh.num_tokens * sh.num_q_heads * sh.head_dim);
-  ParallelFor(pool, static_cast<int64_t>(items.size()), [&](int64_t i) {
-    AttendItem<T>(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, sm_scale, out);
-  });
+  auto attend_all = [&](auto attend_item) {
+    ParallelFor(pool, static_cast<int64_t>(items.size()), [&](int64_t i) {
+      attend_item(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, sm_scale, out);
+    });
+  };
+  if (sh.head_dim == 64 && sh.block_size == 16) {
+    attend_all(AttendItem<T, 64, 16>);
+  } else if (sh.head_dim == 128 && sh.block_size == 16) {
+    attend_all(AttendItem<T, 128, 16>);
+  } else {
+    attend_all(AttendItem<T, 0, 0>);
+  }
   return ffi::Error::Success();
 }
 
