@@ -1,12 +1,13 @@
 """Paged attention on the CPU: one layer's decode call vs batch size and context length, per backend.
 
     python benchmarks/attention_cpu.py [--batch-sizes 1 8 32 64] [--contexts 128 512 2048 4096] [--dtype float32]
-                                       [--backends reference cpu]
+                                       [--backends reference cpu] [--prefill]
 
 The attention shape is the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64), block size 16.
 `reference` is the jnp reference, `cpu` the C++ FFI kernel (cpu_kernel.cc); the backends of one shape run one
 after the other on the same inputs. Prints a markdown table: median milliseconds per layer call, the same times the
-model's 30 layers, and the KV bytes the call must read per second of its time.
+model's 30 layers, and the KV bytes the call must read per second of its time. `--prefill` times steps with
+prompt chunks instead (PREFILL_STEPS), one column per backend.
 """
 
 from __future__ import annotations
@@ -33,9 +34,25 @@ LAYOUT = dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16)
 NUM_LAYERS = 30
 
 
+# Steps with prompt chunks: name -> (q_len, context_len) per sequence (`--prefill`).
+PREFILL_STEPS = {
+    "one 448-token prompt": [(448, 448)],
+    "four 112-token prompts": [(112, 112)] * 4,
+    "a 256-token chunk after a 256-token prefix": [(256, 512)],
+    "8 x 64-token prompts + 56 decode rows at 300": [(64, 64)] * 8 + [(1, 300)] * 56,
+}
+
+
 def time_decode(backend: str, batch: int, context: int, dtype, repeats: int) -> tuple[float, int]:
     """(median seconds per call, KV bytes read per call) for `batch` sequences of one query token each."""
-    case = random_ragged_case(0, [(1, context)] * batch, dtype=dtype, num_layers=1, **LAYOUT)
+    sec = time_step(backend, [(1, context)] * batch, dtype, repeats)
+    kv_bytes = 2 * batch * context * LAYOUT["num_kv_heads"] * LAYOUT["head_dim"] * jnp.dtype(dtype).itemsize
+    return sec, kv_bytes
+
+
+def time_step(backend: str, seqs: list[tuple[int, int]], dtype, repeats: int) -> float:
+    """Median seconds of one layer's attention call over sequences of (q_len, context_len)."""
+    case = random_ragged_case(0, seqs, dtype=dtype, num_layers=1, **LAYOUT)
     attend = jax.jit(functools.partial(BACKENDS[backend], sm_scale=LAYOUT["head_dim"] ** -0.5))
     jax.block_until_ready(attend(*case.args()))
     times = []
@@ -43,8 +60,15 @@ def time_decode(backend: str, batch: int, context: int, dtype, repeats: int) -> 
         start = time.perf_counter()
         jax.block_until_ready(attend(*case.args()))
         times.append(time.perf_counter() - start)
-    kv_bytes = 2 * batch * context * LAYOUT["num_kv_heads"] * LAYOUT["head_dim"] * jnp.dtype(dtype).itemsize
-    return statistics.median(times), kv_bytes
+    return statistics.median(times)
+
+
+def print_prefill(backends: list[str], dtype, repeats: int) -> None:
+    print("| step | " + " | ".join(f"{b}: ms / layer" for b in backends) + " |")
+    print("|---|" + "---:|" * len(backends))
+    for name, seqs in PREFILL_STEPS.items():
+        times = [time_step(backend, seqs, dtype, repeats) * 1e3 for backend in backends]
+        print(f"| {name} | " + " | ".join(f"{t:.2f}" for t in times) + " |", flush=True)
 
 
 def main() -> None:
@@ -54,9 +78,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--backends", nargs="+", default=["reference", "cpu"], choices=sorted(BACKENDS))
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--prefill", action="store_true", help="time steps with prompt chunks instead")
     args = parser.parse_args()
 
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs, {args.dtype}\n")
+    if args.prefill:
+        print_prefill(args.backends, jnp.dtype(args.dtype), args.repeats)
+        return
     print("| backend | batch | context | ms / layer | ms / step (30 layers) | KV read GB/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for batch in args.batch_sizes:
