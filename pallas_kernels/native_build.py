@@ -13,6 +13,7 @@ jnp path and say so.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import os
@@ -50,24 +51,35 @@ def load_native_library(source: Path) -> ctypes.CDLL:
         raise NativeBuildError(f"could not load {library}: {error}") from error
 
 
+@dataclasses.dataclass(frozen=True)
+class CpuTarget:
+    """An FFI handler `symbol` of the library built from `source`, registered as the CPU custom-call `name`."""
+    source: Path
+    symbol: str
+    name: str
+
+    def register(self) -> None:
+        """Build, load and register it (once per process); NativeBuildError if that cannot be done here."""
+        _register(self)
+
+    @functools.cached_property
+    def error(self) -> str | None:
+        """Why it cannot be registered here (no compiler, a build error), or None when it is; asked once."""
+        try:
+            self.register()
+        except NativeBuildError as error:
+            return str(error)
+        return None
+
+
 @functools.cache
-def register_cpu_target(source: Path, symbol: str, target: str) -> None:
-    """Register the FFI handler `symbol` of `source`'s library as the CPU custom-call target `target`."""
-    library = load_native_library(source)
+def _register(target: CpuTarget) -> None:
+    library = load_native_library(target.source)
     try:
-        handler = jax.ffi.pycapsule(getattr(library, symbol))
+        handler = jax.ffi.pycapsule(getattr(library, target.symbol))
     except AttributeError as error:
-        raise NativeBuildError(f"{source.name} built without its handler {symbol}: {error}") from error
-    jax.ffi.register_ffi_target(target, handler, platform="cpu")
-
-
-def native_error(source: Path, symbol: str, target: str) -> str | None:
-    """Why `target` cannot be registered here (no compiler, a build error), or None once it is."""
-    try:
-        register_cpu_target(source, symbol, target)
-    except NativeBuildError as error:
-        return str(error)
-    return None
+        raise NativeBuildError(f"{target.source.name} built without its handler {target.symbol}: {error}") from error
+    jax.ffi.register_ffi_target(target.name, handler, platform="cpu")
 
 
 def _compile(command: list[str], source: Path, library: Path) -> None:
@@ -95,6 +107,7 @@ def _compiler() -> str:
     return path
 
 
+@functools.cache
 def _compiler_version(compiler: str) -> str:
     try:
         return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -102,6 +115,7 @@ def _compiler_version(compiler: str) -> str:
         raise NativeBuildError(f"{compiler} --version failed: {error}") from error
 
 
+@functools.cache
 def _cpu_flags() -> str:
     """This CPU's feature flags (Linux), so that a cache shared between machines never serves a foreign build."""
     try:

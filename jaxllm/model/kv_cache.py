@@ -45,7 +45,7 @@ def write_kv(
     v: jax.Array,  # [T, Hkv, D]
 ) -> tuple[jax.Array, jax.Array]:
     """Scatter each token's K/V to its slot (in place when the pool is a donated or loop-carried buffer)."""
-    if _scatter_upcasts(k_pool.dtype):
+    if _native_write(k_pool.dtype):
         return cpu_write_kv(k_pool, v_pool, layer, slot_mapping, k, v)
     block_size = k_pool.shape[3]
     block, offset = slot_mapping // block_size, slot_mapping % block_size
@@ -54,8 +54,8 @@ def write_kv(
     return k_pool, v_pool
 
 
-def _scatter_upcasts(dtype) -> bool:
+def _native_write(dtype) -> bool:
     """XLA:CPU has no bfloat16 scatter: it converts the whole pool to float32 and back around one, in every layer
     of every step (seconds per step). There the native write (cpu_kv_write.cc) copies the rows in place instead,
     where it can be built (elsewhere the slow scatter stays: correct)."""
-    return (jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.bfloat16 and cpu_write_kv_error() is None)
+    return jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.bfloat16 and cpu_write_kv_error() is None

@@ -8,18 +8,16 @@ native_build.py); `cpu_kernel_error()` says why it cannot be on this machine (No
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.native_build import native_error, register_cpu_target
+from pallas_kernels.native_build import CpuTarget
 
-SOURCE = Path(__file__).with_name("cpu_kernel.cc")
-SYMBOL = "JaxllmRaggedPagedAttention"
-TARGET = "jaxllm_ragged_paged_attention"
+KERNEL = CpuTarget(Path(__file__).with_name("cpu_kernel.cc"), "JaxllmRaggedPagedAttention",
+                   "jaxllm_ragged_paged_attention")
 
 
 def cpu_ragged_paged_attention(
@@ -33,19 +31,14 @@ def cpu_ragged_paged_attention(
     *,
     sm_scale: float,
 ) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
-    _register()
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    KERNEL.register()
+    call = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     out = call(q.astype(jnp.float32), k_pool, v_pool, jnp.asarray(layer, jnp.int32),
                block_tables.astype(jnp.int32), context_lens.astype(jnp.int32), query_start_loc.astype(jnp.int32),
                sm_scale=np.float32(sm_scale))
     return out.astype(q.dtype)
 
 
-@functools.cache
 def cpu_kernel_error() -> str | None:
     """Why the native kernel cannot run here (no compiler, a build error), or None when it can; asked once."""
-    return native_error(SOURCE, SYMBOL, TARGET)
-
-
-def _register() -> None:
-    register_cpu_target(SOURCE, SYMBOL, TARGET)
+    return KERNEL.error

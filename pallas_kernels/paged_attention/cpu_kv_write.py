@@ -6,17 +6,14 @@ Same contract as the jnp scatter in jaxllm/model/kv_cache.py's `write_kv`, teste
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.native_build import native_error, register_cpu_target
+from pallas_kernels.native_build import CpuTarget
 
-SOURCE = Path(__file__).with_name("cpu_kv_write.cc")
-SYMBOL = "JaxllmWriteKV"
-TARGET = "jaxllm_write_kv"
+WRITE = CpuTarget(Path(__file__).with_name("cpu_kv_write.cc"), "JaxllmWriteKV", "jaxllm_write_kv")
 
 
 def cpu_write_kv(
@@ -28,14 +25,13 @@ def cpu_write_kv(
     v: jax.Array,  # [T, Hkv, D]
 ) -> tuple[jax.Array, jax.Array]:
     """The pools with token t's K/V at slot slot_mapping[t], written in place."""
-    register_cpu_target(SOURCE, SYMBOL, TARGET)
+    WRITE.register()
     results = (jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype))
-    call = jax.ffi.ffi_call(TARGET, results, input_output_aliases={0: 0, 1: 1})
+    call = jax.ffi.ffi_call(WRITE.name, results, input_output_aliases={0: 0, 1: 1})
     return call(k_pool, v_pool, jnp.asarray(layer, jnp.int32), slot_mapping.astype(jnp.int32),
                 k.astype(k_pool.dtype), v.astype(v_pool.dtype))
 
 
-@functools.cache
 def cpu_write_kv_error() -> str | None:
     """Why the native write cannot run here (no compiler, a build error), or None when it can; asked once."""
-    return native_error(SOURCE, SYMBOL, TARGET)
+    return WRITE.error
