@@ -43,7 +43,7 @@ def awq_bytes_from_shapes(config: ModelConfig, group: int, dense_itemsize: int) 
     """Bytes of a model whose linears are int4 AWQ (codes K*N/2, int8 zeros and fp16 scales per group, the layout
     jaxllm keeps in memory) and whose other params are dense of `dense_itemsize`."""
     shapes = abstract_params(config, jnp.float32)
-    linear = sum(l.size for f in LINEAR_FIELDS for l in [getattr(shapes.layers, f)])
+    linear = sum(getattr(layer, f).size for layer in shapes.layers for f in LINEAR_FIELDS)
     dense = sum(x.size for x in jax.tree.leaves(shapes)) - linear
     return {"int4_codes": linear // 2, "zeros_scales": 3 * linear // group, "dense": dense * dense_itemsize}
 

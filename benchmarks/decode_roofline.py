@@ -2,8 +2,8 @@
 against a big matmul and a big copy timed in the same run (jaxllm.benchmarks.harness).
 
 FLOPs are counted from the config (jaxllm.benchmarks.model_flops: every linear layer, the LM head, attention's
-two products over the context), not taken from XLA's cost analysis, which counts a while loop's body once and so
-sees one layer of the lax.scan.
+two products over the context), not taken from XLA's cost analysis, which sees nothing inside the attention
+kernels (custom calls).
 
     python benchmarks/decode_roofline.py [--batch-sizes 1 8 32 64] [--context 96] [--dtype float32]
                                          [--attention reference cpu]

@@ -63,8 +63,7 @@ def step_times(config, params, slots, repeats: int) -> list[dict]:
         return forward(params, kv, batch, config=config)
 
     def with_lora(params, slots, kv, batch):
-        layers = lora_weight.attach(params.layers, slots, batch.lora_slots)
-        return forward(params.replace(layers=layers), kv, batch, config=config)
+        return forward(lora_weight.attach(params, slots, batch.lora_slots), kv, batch, config=config)
 
     programs = {"no_lora": jax.jit(plain, donate_argnums=(2,)), "lora": jax.jit(with_lora, donate_argnums=(2,))}
     variants = {"no_lora": batch, **{name: batch.replace(lora_slots=s) for name, s in token_slots.items()}}

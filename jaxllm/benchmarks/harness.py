@@ -6,8 +6,8 @@
 
 Units: seconds, flops (floating-point operations, a multiply-add counts 2), bytes. Rates are per second.
 flops and bytes_accessed are XLA's own estimates from `compiled.cost_analysis()` for the whole program. XLA counts
-a while loop's body once, whatever the trip count: for a lax.scan over layers, count FLOPs from the model instead
-(benchmarks/decode_roofline.py does).
+a while loop's body once, whatever the trip count, and sees nothing inside custom calls (the attention kernels):
+for a model step, count FLOPs from the model instead (benchmarks/decode_roofline.py does).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FLOPs of a Llama-family step counted from the config (2 per multiply-add).
 
-XLA's cost analysis counts a while loop's body once, so for the forward's lax.scan over layers it sees a single
-layer; utilization figures divide these counts by measured time instead.
+Counted from the shapes, independently of XLA's own estimate (`compiled.cost_analysis()`), which does not see inside
+custom calls (the attention kernels); utilization figures divide these counts by measured time.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class ModelRunner:
         self.lora = lora
         self.lora_slots = None if lora is None else device_slots.init_slots(
             self.config, lora.max_loras, lora.max_lora_rank, dtype, mesh)
-        self._write_slot = None if lora is None else device_slots.slot_writer(mesh)
+        self._write_slot = None if lora is None else device_slots.slot_writer(mesh, self.config.num_layers)
         self.programs = StepPrograms(self.config, attention, self.buckets, self.inputs.max_blocks, mesh,
                                      lora_slots=_abstract_placed(self.lora_slots))
         self._neutral: dict[int, LogitAdjustments] = {}  # per S bucket, on the device: "no adjustments"

@@ -43,7 +43,7 @@ def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, conf
     tokens = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], batch.token_ids)  # [T]
     batch = batch.replace(token_ids=tokens)
     if lora is not None:
-        params = params.replace(layers=lora_weight.attach(params.layers, lora, batch.lora_slots))
+        params = lora_weight.attach(params, lora, batch.lora_slots)
     if mesh is None:
         return forward_hidden(params, kv, batch, config=config, attention=attention)
     return sharded_forward_hidden(params, kv, batch, config=config, mesh=mesh, attention=attention)

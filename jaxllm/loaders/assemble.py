@@ -2,7 +2,7 @@
 
 Loaders map their own tensor names to (field, layer) pairs: field is a LlamaParams field or a checkpoint layer
 field (params.checkpoint_layer_shapes: q/k/v and gate/up apart, fused here after the checks),
-layer is the layer index or None for a global tensor. One place reports missing, duplicate and mis-shaped tensors.
+layer is the layer index or None for a global tensor; each layer's tensors become that layer's own arrays. One place reports missing, duplicate and mis-shaped tensors.
 Each tensor is cast to the target dtype as it arrives (a packed weight format, weights.WeightFormat, keeps its own
 dtypes: its shape is checked as the dense weight's it stands for); the params stay numpy, on the host, until
 loaders.place_model puts them on their devices (each device only its own part when they are split over a mesh).
@@ -65,10 +65,21 @@ def assemble_params(
         raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     try:
-        stacked = fuse_layer_tensors({field: weights.stack(per) for field, per in layers.items()})  # [L, ...] each
-    except TypeError as e:  # formats that cannot be stacked or fused (one layer or one of q/k/v packed, ...)
+        check_same_formats(layers)
+        per_layer = [fuse_layer_tensors({field: per[i] for field, per in layers.items()})
+                     for i in range(config.num_layers)]
+    except TypeError as e:  # formats that differ between layers or cannot be fused (one of q/k/v packed, ...)
         raise ModelLoadError(source, f"{e}: every layer's q, k and v (and gate and up) must be stored alike") from e
-    return LlamaParams(layers=LayerParams(**stacked), **top)
+    return LlamaParams(layers=tuple(LayerParams(**fields) for fields in per_layer), **top)
+
+
+def check_same_formats(layers: Mapping[str, list]) -> None:
+    """TypeError naming the formats when one field's weights differ in format from layer to layer (the sharding
+    rules and the kernels are chosen per field)."""
+    for field, per in layers.items():
+        kinds = {weights.format_name(w) for w in per}
+        if len(kinds) > 1:
+            raise TypeError(f"layers store {field} in different formats: {', '.join(sorted(kinds))}")
 
 
 def tensor_field(name: str, global_names: Mapping[str, str], layer_pattern: re.Pattern,

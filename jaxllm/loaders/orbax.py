@@ -22,16 +22,15 @@ from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.assemble import numpy_dtype
 from jaxllm.loaders.resolve import ORBAX_MARKER
 from jaxllm.model.params import LlamaParams, abstract_params, params_dtype
-from jaxllm.model.bf16_bits_weight import dense_weights
 from jaxllm.model.weights import WeightFormat
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each layer's arrays apart (1 stacked them on a leading [L] axis)
 
 
 def save_checkpoint(path: str | Path, config: ModelConfig, params: LlamaParams, tokenizer=None) -> Path:
     path = Path(path).absolute()
-    params = dense_weights(params)  # a CPU model's bfloat16 weights held as bits are saved as the weights
-    packed = sorted({type(w).__name__ for w in vars(params.layers).values() if isinstance(w, WeightFormat)})
+    packed = sorted({type(w).__name__ for layer in params.layers for w in vars(layer).values()
+                     if isinstance(w, WeightFormat)})
     if packed:
         raise ValueError(f"cannot save {', '.join(packed)} weights: jaxllm checkpoints hold dense weights (keep "
                          "the quantized model's own directory, which loads as fast)")
@@ -53,7 +52,8 @@ def read_checkpoint_config(path: Path) -> tuple[ModelConfig, str]:
         meta = json.loads(marker.read_text())
         if meta.get("format_version") != FORMAT_VERSION:
             raise ModelLoadError(marker, f"format_version {meta.get('format_version')!r} is not "
-                                 f"{FORMAT_VERSION}")
+                                 f"{FORMAT_VERSION}: this checkpoint was written by another jaxllm version (1 "
+                                 "stacked the layers); save it again from the original model")
         return _config_from_dict(meta["config"]), meta["dtype"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ModelLoadError(marker, f"not a valid jaxllm checkpoint description ({e!r})") from e

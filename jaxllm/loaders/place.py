@@ -16,7 +16,6 @@ from jax.sharding import Mesh
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import tensor_parallel
-from jaxllm.model.bf16_bits_weight import hold_as_bits
 from jaxllm.model.params import LlamaParams
 
 
@@ -24,11 +23,7 @@ def place_params(params: LlamaParams, config: ModelConfig, mesh: Mesh | None = N
                  on_placed: Callable[[str], None] | None = None) -> LlamaParams:
     """params (numpy, or device arrays in the ordinary layout) on the default device, or split over `mesh` (a
     tensor_parallel.make_mesh mesh; ValueError if the model cannot be split over its size). on_placed(path) runs
-    after each array is placed. On CPU devices, bfloat16 linear weights are held as their bits (bf16_bits_weight.py:
-    XLA:CPU would otherwise convert them all to float32 at every step)."""
-    platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
-    if platform == "cpu":
-        params = hold_as_bits(params)
+    after each array is placed."""
     if mesh is not None:
         tensor_parallel.check_tp_size(config, mesh.size, mesh.size)
         return tensor_parallel.shard_params(params, config, mesh, on_placed)

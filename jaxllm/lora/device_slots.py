@@ -1,6 +1,8 @@
-"""The adapters' device slots: per linear field, the A and B matrices of max_loras adapters, stacked.
+"""The adapters' device slots: per layer and linear field, the A and B matrices of max_loras adapters.
 
-    slots[field] = (a [L, S, PR, K], b [L, S, N, PR])     S = max_loras; the slot a token names is 1..S (0: none)
+    slots[layer][field] = (a [S, PR, K], b [S, N, PR])    S = max_loras; the slot a token names is 1..S (0: none)
+
+One pair of arrays per layer, as the base weights are (model/params.py), so the forward reads them where they lie.
 
 Owned by the runner (device arrays), written one adapter at a time between steps by one compiled program
 (the slot is a traced index, so any slot and any adapter reuse it), read by the forward program (LoRAWeight).
@@ -19,15 +21,16 @@ from jaxllm.config import ModelConfig
 from jaxllm.lora.peft import HostAdapter, field_shapes
 from jaxllm.model import tensor_parallel
 
-SlotArrays = dict  # LayerParams field -> (a [L, S, PR, K], b [L, S, N, PR])
+LayerSlots = dict  # LayerParams field -> (a [S, PR, K], b [S, N, PR]) of one layer
+SlotArrays = tuple  # one LayerSlots per layer
 
 
 def slot_shapes(config: ModelConfig, max_loras: int, max_rank: int, tp_size: int | None = None
                 ) -> dict[str, tuple[tuple, tuple]]:
-    """Per field: the shapes of (a, b): one adapter's [L, PR, K] and [L, N, PR] with S slots after L; N counts
-    the tensor-parallel layout's rows (KV heads replicated over devices repeat their rows)."""
+    """Per field: the shapes of one layer's (a, b), [S, PR, K] and [S, N, PR]; N counts the tensor-parallel
+    layout's rows (KV heads replicated over devices repeat their rows)."""
     rows = _laid_out_rows(config, tp_size)
-    return {field: ((a[0], max_loras, *a[1:]), (b[0], max_loras, len(rows[field]) if field in rows else b[1], b[2]))
+    return {field: ((max_loras, *a[1:]), (max_loras, len(rows[field]) if field in rows else b[1], b[2]))
             for field, (a, b) in field_shapes(config, max_rank).items()}
 
 
@@ -36,25 +39,26 @@ def slot_bytes(config: ModelConfig, max_loras: int, max_rank: int, itemsize: int
     total = 0
     for a, b in slot_shapes(config, max_loras, max_rank, tp_size).values():
         total += (int(np.prod(a)) + int(np.prod(b))) * itemsize
-    return -(-total // tp_size)
+    return -(-total * config.num_layers // tp_size)
 
 
-def slot_shardings(mesh: Mesh) -> SlotArrays:
-    """Each field's (a, b) shardings: b split over the base weight's output rows, a over its input columns."""
+def slot_shardings(mesh: Mesh, num_layers: int) -> SlotArrays:
+    """Each layer's and field's (a, b) shardings: b split over the base weight's output rows, a over its input
+    columns."""
     shardings = {}
     for field in ("w_qkv", "wo", "w_gate_up", "w_down"):
-        _, rows, columns = tensor_parallel.PARAM_AXES[field]
-        shardings[field] = (NamedSharding(mesh, tensor_parallel.spec(("layers", None, None, columns))),
-                            NamedSharding(mesh, tensor_parallel.spec(("layers", None, rows, None))))
-    return shardings
+        rows, columns = tensor_parallel.PARAM_AXES[field]
+        shardings[field] = (NamedSharding(mesh, tensor_parallel.spec((None, None, columns))),
+                            NamedSharding(mesh, tensor_parallel.spec((None, rows, None))))
+    return (shardings,) * num_layers
 
 
 def init_slots(config: ModelConfig, max_loras: int, max_rank: int, dtype, mesh: Mesh | None = None) -> SlotArrays:
     """All-zero slots (on the mesh when there is one)."""
     shapes = slot_shapes(config, max_loras, max_rank, None if mesh is None else mesh.size)
-    out_shardings = None if mesh is None else slot_shardings(mesh)
-    zeros = jax.jit(lambda: {f: (jnp.zeros(a, dtype), jnp.zeros(b, dtype)) for f, (a, b) in shapes.items()},
-                    out_shardings=out_shardings)
+    out_shardings = None if mesh is None else slot_shardings(mesh, config.num_layers)
+    layer = lambda: {f: (jnp.zeros(a, dtype), jnp.zeros(b, dtype)) for f, (a, b) in shapes.items()}
+    zeros = jax.jit(lambda: tuple(layer() for _ in range(config.num_layers)), out_shardings=out_shardings)
     return zeros()
 
 
@@ -75,18 +79,24 @@ def _laid_out_rows(config: ModelConfig, tp_size: int | None) -> dict[str, np.nda
 def _write(slots: SlotArrays, slot: jax.Array, adapter: HostAdapter) -> SlotArrays:
     """slots with slot `slot` (1-based, traced) holding `adapter` (its [L, PR, K] and [L, N, PR] arrays)."""
     index = slot - 1
-    return {field: (a.at[:, index].set(adapter[field][0].astype(a.dtype)),
-                    b.at[:, index].set(adapter[field][1].astype(b.dtype))) for field, (a, b) in slots.items()}
+
+    def write_layer(layer: int, layer_slots: LayerSlots) -> LayerSlots:
+        return {field: (a.at[index].set(adapter[field][0][layer].astype(a.dtype)),
+                        b.at[index].set(adapter[field][1][layer].astype(b.dtype)))
+                for field, (a, b) in layer_slots.items()}
+
+    return tuple(write_layer(layer, layer_slots) for layer, layer_slots in enumerate(slots))
 
 
-def slot_writer(mesh: Mesh | None):
+def slot_writer(mesh: Mesh | None, num_layers: int):
     """The jitted write (slots donated: updated in place), keeping the slots' shardings."""
-    out_shardings = None if mesh is None else slot_shardings(mesh)
+    out_shardings = None if mesh is None else slot_shardings(mesh, num_layers)
     return jax.jit(_write, donate_argnums=(0,), out_shardings=out_shardings)
 
 
 def abstract_adapter(slots: SlotArrays, sharding=None) -> HostAdapter:
-    """The shapes of one adapter's arrays, for compiling the writer ahead of use."""
-    return {field: (jax.ShapeDtypeStruct(a.shape[:1] + a.shape[2:], a.dtype, sharding=sharding),
-                    jax.ShapeDtypeStruct(b.shape[:1] + b.shape[2:], b.dtype, sharding=sharding))
-            for field, (a, b) in slots.items()}
+    """The shapes of one adapter's arrays ([L, PR, K] and [L, N, PR] per field), for compiling the writer."""
+    num_layers = len(slots)
+    return {field: (jax.ShapeDtypeStruct((num_layers, *a.shape[1:]), a.dtype, sharding=sharding),
+                    jax.ShapeDtypeStruct((num_layers, *b.shape[1:]), b.dtype, sharding=sharding))
+            for field, (a, b) in slots[0].items()}

@@ -1,6 +1,7 @@
 """The preallocated KV block pool and the write of a step's new keys and values into it.
 
-Layout, stacked over layers so the layer scan carries one pair of arrays:
+Layout, all layers in one pair of arrays (the attention kernels take the whole pool and a layer index, so a layer's
+part is never copied out):
 
     k, v: [L, N, Hkv, B, D]      N blocks of B tokens; slot = block * B + offset
     block 0 is the null block: padding tokens write there, block tables pad with it, nothing reads it as context.
@@ -39,7 +40,7 @@ def kv_cache_bytes(config: ModelConfig, num_blocks: int, block_size: int, dtype)
 def write_kv(
     k_pool: jax.Array,  # [L, N, Hkv, B, D]
     v_pool: jax.Array,  # [L, N, Hkv, B, D]
-    layer: jax.Array,  # scalar
+    layer: jax.Array | int,  # scalar
     slot_mapping: jax.Array,  # [T] int32
     k: jax.Array,  # [T, Hkv, D]
     v: jax.Array,  # [T, Hkv, D]

@@ -1,4 +1,4 @@
-"""The Llama-family forward: one pure function over (params, kv_cache, batch), layers run by lax.scan.
+"""The Llama-family forward: one pure function over (params, kv_cache, batch), one layer after another.
 
 Covers Llama 2/3/3.1, SmolLM/SmolLM2, Mistral (no sliding window) and Qwen2/2.5 (q/k/v bias), GQA, tied or
 untied embeddings. Activations stay in the params' dtype; norms, softmax and logits are computed in float32.
@@ -52,10 +52,11 @@ def forward_hidden(
     x = params.embed[batch.token_ids]  # [T, H]
     cos, sin = rope_cos_sin(batch.positions, rope_inv_freq(config), x.dtype)  # [T, D] each
     attend = get_attention(attention)
+    k_pool, v_pool = kv_cache.k, kv_cache.v  # [L, N, Hkv, B, D] each
 
-    def layer_step(carry, layer_in):
-        x, k_pool, v_pool = carry
-        lp, layer = layer_in
+    # A Python loop over the layers' own arrays: the program reads each weight where it lies (a scan over [L, ...]
+    # stacks would copy every layer's weights out of them at every step), and each layer index is a constant.
+    for layer, lp in enumerate(params.layers):
         h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
         q, k, v = _qkv(h, lp, config)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -64,10 +65,6 @@ def forward_hidden(
         x = x + reduce(linear(attn.reshape(x.shape[0], -1), lp.wo))
         h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
         x = x + reduce(swiglu(h, lp.w_gate_up, lp.w_down))
-        return (x, k_pool, v_pool), None
-
-    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
-    (x, k_pool, v_pool), _ = jax.lax.scan(layer_step, (x, kv_cache.k, kv_cache.v), (params.layers, layer_ids))
 
     hidden = rms_norm(x[batch.logits_indices], params.final_norm, config.rms_norm_eps)  # [R, H]
     return hidden, KVCache(k=k_pool, v=v_pool)

@@ -1,9 +1,9 @@
 """LoRAWeight: a base weight (any format) plus, per token, the low-rank delta of that token's adapter.
 
     base         the base weight, any format (dense [..., N, K], AWQWeight, ...)
-    a            [..., S, PR, K]   the A matrices of the S device slots (PR: the fused parts' padded ranks)
-    b            [..., S, N, PR]   the B matrices, LoRA scaling folded in (jaxllm/lora/peft.py builds both)
-    token_slots  [..., T] int32    each token's slot: 0 the base model, s the adapter in slot s (a[s-1], b[s-1])
+    a            [S, PR, K]   the A matrices of the S device slots (PR: the fused parts' padded ranks)
+    b            [S, N, PR]   the B matrices, LoRA scaling folded in (jaxllm/lora/peft.py builds both)
+    token_slots  [T] int32    each token's slot: 0 the base model, s the adapter in slot s (a[s-1], b[s-1])
 
     dot(x) = base.dot(x) + delta,  delta[t] = b[s-1] @ (a[s-1] @ x[t])     (s = token_slots[t] > 0)
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxllm.model import weights
@@ -29,16 +28,16 @@ from pallas_kernels.lora import lora_delta_reference
 
 class LoRAWeight(WeightFormat):
     base: Any
-    a: jax.Array  # [..., S, PR, K]
-    b: jax.Array  # [..., S, N, PR]
-    token_slots: jax.Array  # [..., T] int32
+    a: jax.Array  # [S, PR, K]
+    b: jax.Array  # [S, N, PR]
+    token_slots: jax.Array  # [T] int32
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.base.shape
 
     def dot(self, x: jax.Array) -> jax.Array:
-        """x [T, K] -> [T, N] float32; one layer's leaves (no [L] axis)."""
+        """x [T, K] -> [T, N] float32."""
         return weights.dot(x, self.base) + lora_delta(x, self.a, self.b, self.token_slots)
 
     def take_rows(self, index: np.ndarray, axis: int) -> LoRAWeight:
@@ -46,9 +45,9 @@ class LoRAWeight(WeightFormat):
                             b=weights.take_rows(self.b, index, axis + 1))  # b's N axis follows its S axis
 
     def leaf_axes(self, axes: Axes) -> LoRAWeight:
-        *lead, rows, columns = axes  # the dense W [..., N, K]
-        return LoRAWeight(base=weights.leaf_axes(self.base, axes), a=(*lead, None, None, columns),
-                          b=(*lead, None, rows, None), token_slots=(*lead, None))
+        rows, columns = axes  # the dense W [N, K]
+        return LoRAWeight(base=weights.leaf_axes(self.base, axes), a=(None, None, columns), b=(None, rows, None),
+                          token_slots=(None,))
 
 
 def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, token_slots: jax.Array) -> jax.Array:
@@ -60,11 +59,11 @@ def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, token_slots: jax.Array)
     return lora_delta_reference(x, a, b, token_slots)
 
 
-def attach(layers, slots, token_slots: jax.Array):
-    """LayerParams whose linear fields carry the adapters: `slots` maps a field to its (a [L, S, PR, K],
-    b [L, S, N, PR]) stacks; token_slots [T] is broadcast to every layer ([L, T], sliced by the layer scan)."""
-    num_layers = jax.tree.leaves(layers)[0].shape[0]
-    per_layer = jnp.broadcast_to(token_slots, (num_layers, *token_slots.shape))  # [L, T]
-    fields = {name: LoRAWeight(base=getattr(layers, name), a=a, b=b, token_slots=per_layer)
-              for name, (a, b) in slots.items()}
-    return layers.replace(**fields)
+def attach(params, slots, token_slots: jax.Array):
+    """params whose layers' linear fields carry the adapters: slots[layer] maps a field to that layer's
+    (a [S, PR, K], b [S, N, PR]) (lora/device_slots.py); token_slots [T] is every layer's."""
+    def with_adapters(layer, layer_slots):
+        return layer.replace(**{name: LoRAWeight(base=getattr(layer, name), a=a, b=b, token_slots=token_slots)
+                                for name, (a, b) in layer_slots.items()})
+
+    return params.replace(layers=tuple(map(with_adapters, params.layers, slots)))

@@ -1,11 +1,18 @@
-"""The parameter pytree every loader produces: layer weights stacked on a leading [L] axis for lax.scan.
+"""The parameter pytree every loader produces: one LayerParams per layer, each layer's weights arrays of their own.
+
+    LlamaParams.layers = (LayerParams of layer 0, LayerParams of layer 1, ...)     L entries
+
+Each layer's weights are separate arrays, not slices of [L, ...] stacks, so that the forward's layer loop reads
+every weight where it lies: a stack sliced per layer (lax.scan over [L, ...] params) becomes a copy of each
+layer's weights at every step, on GPU and CPU alike (the compiled programs show a dynamic-slice copy per weight per
+layer: a batch-1 8B decode step moved ~2.9x its weight bytes). The KV pool stays one [L, ...] array: the attention
+kernels take the whole pool and a layer index.
 
 Linear weights keep the Hugging Face [out, in] layout and are applied as x @ w.T (fast on CPU, see layers.linear).
 A linear weight field holds any weight format (weights.py): a dense array, as every loader produces, or a
-WeightFormat whose leaves all carry the same leading [L] axis; the shapes below are those of the dense weight.
-Projections that read the same input are stored fused along the output axis, so each is one larger matmul:
-q|k|v -> w_qkv and gate|up -> w_gate_up. Checkpoints hold them apart (CHECKPOINT_LAYER_FIELDS); the loaders
-check those and `fuse_layer_tensors` joins them.
+WeightFormat; the shapes below are those of the dense weight. Projections that read the same input are stored
+fused along the output axis, so each is one larger matmul: q|k|v -> w_qkv and gate|up -> w_gate_up. Checkpoints
+hold them apart (checkpoint_layer_shapes); the loaders check those and `fuse_layer_tensors` joins them.
 """
 
 from __future__ import annotations
@@ -24,22 +31,26 @@ Weight = Any  # a linear layer's weight: a dense array or a weights.WeightFormat
 
 
 @struct.dataclass
-class LayerParams:  # every leaf has a leading [L] axis
-    attn_norm: jax.Array  # [L, H]
-    w_qkv: Weight  # [L, (Hq + 2*Hkv)*D, H]: rows q, then k, then v
-    wo: Weight  # [L, H, Hq*D]
-    mlp_norm: jax.Array  # [L, H]
-    w_gate_up: Weight  # [L, 2*F, H]: rows gate, then up
-    w_down: Weight  # [L, H, F]
-    b_qkv: Optional[jax.Array] = None  # [L, (Hq + 2*Hkv)*D]  (Qwen2)
+class LayerParams:  # one layer's weights
+    attn_norm: jax.Array  # [H]
+    w_qkv: Weight  # [(Hq + 2*Hkv)*D, H]: rows q, then k, then v
+    wo: Weight  # [H, Hq*D]
+    mlp_norm: jax.Array  # [H]
+    w_gate_up: Weight  # [2*F, H]: rows gate, then up
+    w_down: Weight  # [H, F]
+    b_qkv: Optional[jax.Array] = None  # [(Hq + 2*Hkv)*D]  (Qwen2)
 
 
 @struct.dataclass
 class LlamaParams:
     embed: jax.Array  # [V, H]
-    layers: LayerParams
+    layers: tuple[LayerParams, ...]  # one per layer, in order
     final_norm: jax.Array  # [H]
     lm_head: Optional[jax.Array] = None  # [V, H]; None when tied to `embed`
+
+    def map_layers(self, fn) -> LlamaParams:
+        """The same params with every layer replaced by fn(layer)."""
+        return self.replace(layers=tuple(fn(layer) for layer in self.layers))
 
 
 LINEAR_FIELDS = ("w_qkv", "wo", "w_gate_up", "w_down")  # the LayerParams fields that hold any weight format
@@ -73,11 +84,11 @@ def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Checkpoint-field arrays stacked as [L, out, ...] -> LayerParams-field arrays (fused on the out axis)."""
+    """One layer's checkpoint-field arrays [out, ...] -> its LayerParams-field arrays (fused on the out axis)."""
     fused = {k: v for k, v in tensors.items() if k not in _FUSED_PARTS}
     for name, parts in FUSED_FIELDS.items():
         if parts[0] in tensors:
-            fused[name] = weights.concat_rows([tensors[p] for p in parts], axis=1)
+            fused[name] = weights.concat_rows([tensors[p] for p in parts], axis=0)
     return fused
 
 
@@ -91,9 +102,9 @@ def global_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def abstract_params(config: ModelConfig, dtype) -> LlamaParams:
     """A LlamaParams of jax.ShapeDtypeStruct leaves: the target structure for restoring checkpoints."""
-    layer = {k: jax.ShapeDtypeStruct((config.num_layers, *s), dtype) for k, s in layer_param_shapes(config).items()}
+    layer = {k: jax.ShapeDtypeStruct(s, dtype) for k, s in layer_param_shapes(config).items()}
     top = {k: jax.ShapeDtypeStruct(s, dtype) for k, s in global_param_shapes(config).items()}
-    return LlamaParams(layers=LayerParams(**layer), **top)
+    return LlamaParams(layers=tuple(LayerParams(**layer) for _ in range(config.num_layers)), **top)
 
 
 def random_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> LlamaParams:
@@ -103,11 +114,8 @@ def random_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale:
     keys = jax.random.split(key, len(leaves))
     values = [scale * jax.random.normal(k, s.shape, jnp.float32) for k, s in zip(keys, leaves)]
     params = jax.tree_util.tree_unflatten(treedef, values)
-    params = params.replace(
-        final_norm=jnp.ones_like(params.final_norm),
-        layers=params.layers.replace(attn_norm=jnp.ones_like(params.layers.attn_norm),
-                                     mlp_norm=jnp.ones_like(params.layers.mlp_norm)),
-    )
+    params = params.replace(final_norm=jnp.ones_like(params.final_norm)).map_layers(
+        lambda layer: layer.replace(attn_norm=jnp.ones_like(layer.attn_norm), mlp_norm=jnp.ones_like(layer.mlp_norm)))
     return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 

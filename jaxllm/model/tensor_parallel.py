@@ -32,12 +32,12 @@ from jaxllm.model.step_batch import StepBatch
 
 TP_AXIS = "tp"
 
-# logical axis names of every parameter (layer fields carry the leading [L] axis), and the mesh axis each maps to
+# logical axis names of every parameter (a layer field's: those of one layer's array), and the mesh axis each maps to
 PARAM_AXES = {
     "embed": ("vocab_replicated", "embed"), "final_norm": ("embed",), "lm_head": ("vocab", "embed"),
-    "attn_norm": ("layers", "embed"), "mlp_norm": ("layers", "embed"),
-    "w_qkv": ("layers", "heads", "embed"), "b_qkv": ("layers", "heads"), "wo": ("layers", "embed", "heads"),
-    "w_gate_up": ("layers", "mlp", "embed"), "w_down": ("layers", "embed", "mlp"),
+    "attn_norm": ("embed",), "mlp_norm": ("embed",),
+    "w_qkv": ("heads", "embed"), "b_qkv": ("heads",), "wo": ("embed", "heads"),
+    "w_gate_up": ("mlp", "embed"), "w_down": ("embed", "mlp"),
 }
 KV_POOL_AXES = ("layers", "blocks", "kv_heads", "block_offset", "head_dim")  # [L, N, Hkv, B, D]
 AXIS_RULES = {"heads": TP_AXIS, "kv_heads": TP_AXIS, "mlp": TP_AXIS, "vocab": TP_AXIS}
@@ -91,17 +91,21 @@ def shard_major_params(params: LlamaParams, config: ModelConfig, tp_size: int) -
 
     The layout is a host-side row index per fused weight, applied with weights.take_rows: it lays out any weight
     format, numpy params on the host (the loaders' path) and device params alike."""
-    layers, fused = params.layers, {}
     if tp_size > 1:  # at N = 1 the shard-major layout is the ordinary one
         qkv, gate_up = qkv_rows(config, tp_size), gate_up_rows(config, tp_size)
-        fused = {"w_qkv": weights.take_rows(layers.w_qkv, qkv, axis=1),
-                 "w_gate_up": weights.take_rows(layers.w_gate_up, gate_up, axis=1)}
-        if layers.b_qkv is not None:
-            fused["b_qkv"] = weights.take_rows(layers.b_qkv, qkv, axis=1)
+
+        def lay_out(layer: LayerParams) -> LayerParams:
+            fused = {"w_qkv": weights.take_rows(layer.w_qkv, qkv, axis=0),
+                     "w_gate_up": weights.take_rows(layer.w_gate_up, gate_up, axis=0)}
+            if layer.b_qkv is not None:
+                fused["b_qkv"] = weights.take_rows(layer.b_qkv, qkv, axis=0)
+            return layer.replace(**fused)
+
+        params = params.map_layers(lay_out)
     lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
     xp = np if isinstance(lm_head, np.ndarray) else jnp
     lm_head = xp.pad(lm_head, ((0, -config.vocab_size % tp_size), (0, 0)))  # [V padded to a multiple of N, H]
-    return params.replace(layers=layers.replace(**fused), lm_head=lm_head)
+    return params.replace(lm_head=lm_head)
 
 
 def qkv_rows(config: ModelConfig, tp_size: int) -> np.ndarray:
@@ -136,7 +140,7 @@ def param_shardings(params: LlamaParams, mesh: Mesh) -> LlamaParams:
         return {f.name: shardings(f.name, getattr(tree, f.name)) for f in dataclasses.fields(tree)
                 if f.name != "layers" and getattr(tree, f.name) is not None}
 
-    return LlamaParams(layers=LayerParams(**per_field(params.layers)), **per_field(params))
+    return LlamaParams(layers=tuple(LayerParams(**per_field(layer)) for layer in params.layers), **per_field(params))
 
 
 def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh,

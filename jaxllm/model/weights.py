@@ -2,8 +2,8 @@
 
 Layer code calls layers.linear(x, w) and never asks what `w` is. A dense weight is a plain array [N, K] (the Hugging
 Face [out, in] layout, as loaders and checkpoints store it). Every other format (packed int4 with scales, a weight
-with a LoRA delta, ...) is a WeightFormat subclass: a pytree whose leaves are arrays, each keeping the dense
-weight's leading axes, so lax.scan slices a layer-stacked [L, ...] format per layer like any other parameter.
+with a LoRA delta, ...) is a WeightFormat subclass: a pytree whose leaves are arrays. A weight is one layer's
+(model/params.py keeps each layer's arrays apart); leaves may carry leading axes where a caller batches several.
 
 A format answers these questions, and the module functions below ask them of dense arrays and formats alike:
     dot(x, w)               x [..., K] -> [..., N] float32: the matmul, accumulated in float32
@@ -13,7 +13,6 @@ A format answers these questions, and the module functions below ask them of den
     leaf_axes(w, axes)      the logical axis names of each of w's leaves, given those of the dense weight: the
                             sharding rules table (tensor_parallel.PARAM_AXES) then places any format's leaves
     w.shape                 the dense weight's shape [..., N, K] (loaders check it against the config)
-Stacking per-layer weights into [L, ...] (stack) needs no method: every leaf gains the leading axis.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ class WeightFormat(struct.PyTreeNode):
         raise NotImplementedError(f"{type(self).__name__}.dot")
 
     def take_rows(self, index: np.ndarray, axis: int) -> WeightFormat:
-        """The same format standing for W's rows `index` on `axis` (the N axis: 1 when layer-stacked [L, N, K])."""
+        """The same format standing for W's rows `index` on `axis` (the N axis: 0 for one layer's [N, K])."""
         raise NotImplementedError(f"{type(self).__name__}.take_rows")
 
     def concat_rows(self, others: list[WeightFormat], axis: int) -> WeightFormat:
@@ -77,20 +76,17 @@ def take_rows(w: Any, index: np.ndarray, axis: int) -> Any:
 def concat_rows(parts: list, axis: int) -> Any:
     """Weights of one format (host numpy leaves) joined along the dense W's row axis `axis`; TypeError naming the
     formats when they differ (a fused projection cannot mix, say, packed int4 and dense parts)."""
-    kinds = {type(p) for p in parts}
+    kinds = {format_name(p) for p in parts}
     if len(kinds) > 1:
-        raise TypeError(f"cannot fuse weights of different formats: {', '.join(sorted(k.__name__ for k in kinds))}")
+        raise TypeError(f"cannot fuse weights of different formats: {', '.join(sorted(kinds))}")
     if isinstance(parts[0], WeightFormat):
         return parts[0].concat_rows(list(parts[1:]), axis)
     return np.concatenate(parts, axis=axis)
 
 
-def stack(per_layer: list) -> Any:
-    """Per-layer weights of one format (host numpy leaves) -> one weight with a leading [L] axis on every leaf."""
-    kinds = {type(w) for w in per_layer}
-    if len(kinds) > 1:
-        raise TypeError(f"cannot stack layers of different formats: {', '.join(sorted(k.__name__ for k in kinds))}")
-    return jax.tree.map(lambda *leaves: np.stack(leaves), *per_layer)
+def format_name(w: Any) -> str:
+    """A WeightFormat's class name, or "dense" for an array of any kind (numpy, memory-mapped, jax)."""
+    return type(w).__name__ if isinstance(w, WeightFormat) else "dense"
 
 
 def leaf_axes(w: Any, axes: Axes) -> Any:

@@ -1,6 +1,6 @@
 """A plain forward over whole sequences, one layer at a time: calibration activations and perplexity.
 
-The engine's forward (model/llama.py) runs all layers in one scan over a paged KV pool; quantization needs the
+The engine's forward (model/llama.py) runs all layers in one program over a paged KV pool; quantization needs the
 opposite: each layer alone, on a batch of complete sequences, with the inputs of its linears exposed ("taps"), so
 that layer i can be quantized on what the already-quantized layers 0 .. i-1 feed it. No KV cache: dense causal
 attention over [B, T] tokens. The blocks (rms_norm, rope, linear) are the model's own.

@@ -1,7 +1,7 @@
 """Loaded params -> one float32 dict per layer, with the fused projections split back apart.
 
 Quantization scales and quantizes each checkpoint linear on its own (q, k, v, gate and up are separate tensors in
-an AWQ checkpoint), so the fused, layer-stacked LlamaParams (model/params.py) are undone here: layer i becomes
+an AWQ checkpoint), so the fused LlamaParams layers (model/params.py) are undone here: layer i becomes
 {attn_norm, wq, wk, wv, wo, [bq, bk, bv], mlp_norm, w_gate, w_up, w_down}, the names of
 params.checkpoint_layer_shapes, in the HF [out, in] layout.
 """
@@ -18,21 +18,25 @@ from jaxllm.model.params import FUSED_FIELDS, LlamaParams, checkpoint_layer_shap
 
 def split_layers(params: LlamaParams, config: ModelConfig) -> list[dict[str, np.ndarray]]:
     """Host float32 weights of every layer, q/k/v and gate/up apart."""
+    return [_split_layer(layer, config) for layer in params.layers]
+
+
+def _split_layer(layer, config: ModelConfig) -> dict[str, np.ndarray]:
     shapes = checkpoint_layer_shapes(config)
-    stacked = {}
-    for field in (f.name for f in dataclasses.fields(params.layers)):
-        value = getattr(params.layers, field)
+    out = {}
+    for field in (f.name for f in dataclasses.fields(layer)):
+        value = getattr(layer, field)
         if value is None:
             continue
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
             raise ValueError(f"layer weight {field!r} is already in a packed format ({type(value).__name__}); "
                              f"quantize a model with dense weights")
-        stacked[field] = np.asarray(value, dtype=np.float32)  # [L, ...]
+        out[field] = np.asarray(value, dtype=np.float32)
     for fused, parts in FUSED_FIELDS.items():
-        if fused in stacked:
+        if fused in out:
             cuts = np.cumsum([shapes[p][0] for p in parts])[:-1]
-            stacked.update(zip(parts, np.split(stacked.pop(fused), cuts, axis=1)))
-    return [{name: array[i] for name, array in stacked.items()} for i in range(config.num_layers)]
+            out.update(zip(parts, np.split(out.pop(fused), cuts, axis=0)))
+    return out
 
 
 def global_weights(params: LlamaParams) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ from jaxllm.model.params import abstract_params
 def test_without_attention_it_is_two_flops_per_matmul_weight_per_token():
     config = model_preset("smollm2-135m")  # tied embeddings: the embedding is also the LM head
     params = abstract_params(config, jnp.float32)
-    matrices = [leaf for leaf in jax.tree_util.tree_leaves(params.layers) if len(leaf.shape) == 3]
+    matrices = [leaf for leaf in jax.tree_util.tree_leaves(params.layers) if len(leaf.shape) == 2]
     weights = sum(leaf.size for leaf in matrices) + params.embed.size
     assert decode_step_flops(config, 1, 100, with_attention=False) == 2 * weights
     assert decode_step_flops(config, 8, 100, with_attention=False) == 8 * 2 * weights

@@ -61,7 +61,7 @@ def test_a_size_that_cannot_split_the_default_model_is_refused(report):
 def test_a_size_that_would_split_a_quantization_group_is_refused(report, awq_model_dir):
     name = awq_model_dir("llama3", group_size=32).name
     assert report["refused"][f"{name}/tp4"] == (
-        "tensor_parallel_size 4 cannot split .layers.wo.zeros (2, 2, 64): an axis of 2 does not divide into 4 "
+        "tensor_parallel_size 4 cannot split .layers[0].wo.zeros (2, 64): an axis of 2 does not divide into 4 "
         "equal parts (a packed int4 weight's groups of rows must not straddle two devices: choose another size, "
         "or quantize with a smaller group size)")
 

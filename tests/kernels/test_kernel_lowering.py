@@ -1,7 +1,8 @@
 """Every kernel lowers for NVIDIA GPUs through the Triton backend, checked on a CPU-only machine.
 
 `jit(f).trace(...).lower(lowering_platforms=("cuda",))` runs the Pallas -> Triton IR lowering (where unsupported
-ops, non-power-of-two block shapes and bad ref indexing fail); only the Triton -> PTX compile needs a GPU.
+ops, non-power-of-two block shapes and bad ref indexing fail; tests/cuda_lowering.py); only the Triton -> PTX
+compile needs a GPU (or the deviceless compile of tests/gpu_compile).
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ import pytest
 
 from pallas_kernels.paged_attention import ragged_paged_attention, split_kv_paged_attention
 from pallas_kernels.paged_attention.testing import random_ragged_case
+from tests.cuda_lowering import lower_for_cuda
 
 LLAMA3_8B = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16)
 SMOLLM2 = dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16)
-
-
-def lower_for_cuda(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -28,7 +26,7 @@ def lower_for_cuda(fn, *args) -> str:
 def test_ragged_kernel_lowers_to_triton(layout, dtype):
     case = random_ragged_case(0, [(1, 40), (17, 17), (5, 90)], dtype=dtype, pad_seqs=1, pad_tokens=2, **layout)
     fn = functools.partial(ragged_paged_attention, max_query_len=case.max_query_len, sm_scale=0.1)
-    text = lower_for_cuda(fn, *case.args())
+    text = lower_for_cuda(jax.jit(fn), *case.args())
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 
@@ -37,14 +35,14 @@ def test_ragged_kernel_lowers_to_triton(layout, dtype):
 def test_split_kv_kernel_lowers_to_triton(layout, dtype):
     case = random_ragged_case(0, [(1, 40), (1, 300)], dtype=dtype, pad_seqs=1, **layout)
     fn = functools.partial(split_kv_paged_attention, sm_scale=0.1, num_splits=4)
-    text = lower_for_cuda(fn, *case.args())
+    text = lower_for_cuda(jax.jit(fn), *case.args())
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 
 @pytest.mark.parametrize("num_tokens", [4, 64], ids=["decode_small_m", "prefill_large_m"])
 def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(monkeypatch, num_tokens):
     """The whole forward of an int4 AWQ model (bf16 activations) lowered for CUDA: each of a layer's four linears
-    (q|k|v, o, gate|up, down) becomes a Triton dequant-matmul call in the layer scan's body, next to attention's."""
+    (q|k|v, o, gate|up, down) becomes a Triton dequant-matmul call, next to attention's."""
     from jaxllm.config import ModelConfig
     from jaxllm.model import SequenceChunk, attention, awq_weight, build_step_batch, init_kv_cache, jit_forward
     from jaxllm.model import random_params
@@ -61,11 +59,10 @@ def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(monkeypatch, num_
     cache = init_kv_cache(config, 9, 16, jnp.bfloat16)
 
     def triton_calls(params) -> int:
-        text = jit_forward(config, "pallas").trace(params, cache, batch).lower(lowering_platforms=("cuda",)).as_text()
-        return text.count("__gpu$xla.gpu.triton")
+        return lower_for_cuda(jit_forward(config, "pallas"), params, cache, batch).count("__gpu$xla.gpu.triton")
 
     packed = jax.tree.map(jnp.asarray, rtn_awq_params(dense, group_size=32))
-    assert triton_calls(packed) == triton_calls(dense) + 4
+    assert triton_calls(packed) == triton_calls(dense) + 4 * config.num_layers
 
 
 def test_lora_model_step_lowers_with_two_lora_kernels_per_linear(monkeypatch):
@@ -89,14 +86,14 @@ def test_lora_model_step_lowers_with_two_lora_kernels_per_linear(monkeypatch):
                          jax.eval_shape(lambda: device_slots.init_slots(config, 2, 16, jnp.bfloat16)))
 
     def step(params, slots, kv, batch):
-        layers = lora_weight.attach(params.layers, slots, batch.lora_slots)
-        return forward(params.replace(layers=layers), kv, batch, config=config, attention="pallas")
+        return forward(lora_weight.attach(params, slots, batch.lora_slots), kv, batch, config=config,
+                       attention="pallas")
 
     def plain(params, slots, kv, batch):
         return forward(params, kv, batch, config=config, attention="pallas")
 
     def triton_calls(fn) -> int:
-        return jax.jit(fn).trace(params, slots, cache, batch).lower(lowering_platforms=("cuda",)).as_text().count(
+        return lower_for_cuda(jax.jit(fn), params, slots, cache, batch).count(
             "__gpu$xla.gpu.triton")
 
-    assert triton_calls(step) == triton_calls(plain) + 2 * 4
+    assert triton_calls(step) == triton_calls(plain) + 2 * 4 * config.num_layers  # shrink, expand per linear

@@ -13,6 +13,7 @@ import pytest
 from pallas_kernels.lora import lora_delta, lora_delta_reference
 from pallas_kernels.lora.kernel import Tiles, default_split_k, lora_expand_into, lora_shrink_into
 from pallas_kernels.lora.testing import TOLERANCE, random_case, relative_error
+from tests.cuda_lowering import lower_for_cuda
 
 BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
 
@@ -119,5 +120,5 @@ def test_default_split_k(t, k, r, expected):
 def test_kernel_lowers_to_triton_at_llama3_8b_shapes(t, k, n, r, dtype):
     args = (jax.ShapeDtypeStruct((t, k), dtype), jax.ShapeDtypeStruct((4, r, k), dtype),
             jax.ShapeDtypeStruct((4, n, r), dtype), jax.ShapeDtypeStruct((t,), jnp.int32))
-    text = jax.jit(lora_delta).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_for_cuda(jax.jit(lora_delta), *args)
     assert text.count("__gpu$xla.gpu.triton") == 2  # the shrink and the expand

@@ -83,8 +83,8 @@ def test_k_quant_tensors_are_dequantized(qtype, tmp_path):
     up = dequantize(raw["blk.0.ffn_up.weight"], qtype).reshape(256, 256)
     q = unpermute_rope_rows(dequantize(raw["blk.0.attn_q.weight"], qtype).reshape(256, 256), 4)
     assert np.abs(up).max() > 0
-    np.testing.assert_array_equal(np.asarray(params.layers.w_gate_up[0, 256:]), up)  # rows: gate, then up
-    np.testing.assert_array_equal(np.asarray(params.layers.w_qkv[0, :256]), q)  # rows: q, then k, then v
+    np.testing.assert_array_equal(np.asarray(params.layers[0].w_gate_up[256:]), up)  # rows: gate, then up
+    np.testing.assert_array_equal(np.asarray(params.layers[0].w_qkv[:256]), q)  # rows: q, then k, then v
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):

@@ -32,8 +32,10 @@ def test_slot_shardings_follow_the_base_weights():
     from jaxllm.lora.device_slots import slot_shardings
     from jaxllm.model.tensor_parallel import make_mesh
 
-    specs = {field: (tuple(a.spec), tuple(b.spec)) for field, (a, b) in slot_shardings(make_mesh(1)).items()}
-    assert specs["w_qkv"] == ((None, None, None, None), (None, None, "tp", None))  # b over q|k|v rows
-    assert specs["w_gate_up"] == ((None, None, None, None), (None, None, "tp", None))
-    assert specs["wo"] == ((None, None, None, "tp"), (None, None, None, None))  # a over o's input columns
-    assert specs["w_down"] == ((None, None, None, "tp"), (None, None, None, None))
+    per_layer = slot_shardings(make_mesh(1), num_layers=3)
+    assert len(per_layer) == 3
+    specs = {field: (tuple(a.spec), tuple(b.spec)) for field, (a, b) in per_layer[2].items()}
+    assert specs["w_qkv"] == ((None, None, None), (None, "tp", None))  # b over q|k|v rows
+    assert specs["w_gate_up"] == ((None, None, None), (None, "tp", None))
+    assert specs["wo"] == ((None, None, "tp"), (None, None, None))  # a over o's input columns
+    assert specs["w_down"] == ((None, None, "tp"), (None, None, None))

@@ -36,7 +36,7 @@ def test_logits_equal_the_merged_peft_model(arch, options, tiny_model_dir, peft_
     loaded = load_model(directory)
     config = loaded.config
     slots = device_slots.init_slots(config, 3, MAX_RANK, jnp.float32)
-    write = device_slots.slot_writer(None)
+    write = device_slots.slot_writer(None, config.num_layers)
     slots = write(slots, np.int32(3), load_peft_adapter(str(adapter_dir), config, MAX_RANK, np.float32))
     slots = write(slots, np.int32(1), load_peft_adapter(str(other_dir), config, MAX_RANK, np.float32))
 
@@ -48,7 +48,7 @@ def test_logits_equal_the_merged_peft_model(arch, options, tiny_model_dir, peft_
     batch = batch.replace(lora_slots=slot_per_token)
 
     def run(params, slots, kv, batch):
-        params = params.replace(layers=lora_weight.attach(params.layers, slots, batch.lora_slots))
+        params = lora_weight.attach(params, slots, batch.lora_slots)
         return forward(params, kv, batch, config=config)[0]
 
     logits = np.asarray(jax.jit(run)(loaded.params, slots, init_kv_cache(config, 16, BLOCK), batch))

@@ -57,19 +57,19 @@ def test_sharded_logits_equal_one_device_with_pallas_kernels_in_interpret_mode()
     assert set(report) == set(PALLAS_RUNS)
     diffs = {name: row["max_abs_diff"] for name, row in report.items()}
     assert max(diffs.values()) < LOGITS_TOLERANCE, diffs
-    assert all(row["all_reduce"] == 2 for row in report.values()), report
+    assert all(row["all_reduce"] == 2 * CASES[name.split("/")[0]][0].num_layers for name, row in report.items()), report
 
 
 def test_sharded_step_lowers_for_cuda_with_the_triton_kernels_on_local_shapes(lowering_report):
-    """One Triton call per step (it sits in the scanned layer body), traced on the device's share: its query heads
-    and its part of the pool; the layer's two all-reduces around it."""
+    """One Triton call per layer, traced on the device's share: its query heads and its part of the pool; each
+    layer's two all-reduces around it."""
     forwards = {name: row for name, row in lowering_report.items() if name.startswith("forward-")}
     assert len(forwards) == 8, sorted(lowering_report)
     for name, row in forwards.items():
         case, n = name.split("/")[1], int(name.split("/tp")[1])
         cfg = CASES[case][0]
         hq, hkv = cfg.num_heads // n, tp.kv_heads_per_device(cfg, n)
-        assert (row["triton"], row["all_reduce"]) == (1, 2), (name, row)
+        assert (row["triton"], row["all_reduce"]) == (cfg.num_layers, 2 * cfg.num_layers), (name, row)
         q = f"tensor<{SIZES['num_tokens']}x{hq}x{cfg.head_dim}xf32>"  # [T, Hq/N, D]
         pool = f"tensor<{cfg.num_layers}x{NUM_BLOCKS}x{hkv}x{BLOCK_SIZE}x{cfg.head_dim}xf32>"  # [L, NB, Hkv/N, B, D]
         assert {q, pool} <= set(row["kernel_operands"][0]), (name, row["kernel_operands"])
@@ -80,8 +80,10 @@ def test_engine_step_programs_over_a_mesh_lower_for_cuda(lowering_report):
     all-reduces, the sampler and prompt logprobs on the vocabulary-split LM head."""
     programs = {name: row for name, row in lowering_report.items() if not name.startswith("forward-")}
     assert len(programs) == 33, sorted(programs)  # 11 programs x (kv8 at N = 1, as gpu_check runs it; kv1, kv8 at 2)
+    layers = CASES["kv8"][0].num_layers
+    assert all(CASES[case][0].num_layers == layers for case in CASES)
     for name, row in programs.items():
-        want = (1, 2) if name.startswith("forward") else (0, 0)
+        want = (layers, 2 * layers) if name.startswith("forward") else (0, 0)
         assert (row["triton"], row["all_reduce"]) == want, (name, row)
 
 
@@ -93,16 +95,16 @@ def test_each_device_holds_its_share_and_a_layer_all_reduces_twice(worker_report
         split = (layout[1]["param_bytes"] - replicated) / n
         assert row["param_bytes"] == pytest.approx(replicated + split, rel=0.01), (n, row)
         assert row["kv_bytes"] == layout[1]["kv_bytes"] // n
-        assert row["all_reduce"] == 2  # both in the scanned layer body: two per layer, none elsewhere
+        assert row["all_reduce"] == 2 * cfg.num_layers  # two per layer, none elsewhere
 
 
 def test_shard_major_layout_gives_each_device_its_heads():
     cfg = config(2, qkv_bias=True)
     params = random_params(cfg, jax.random.key(1))
     assert jax.tree.all(jax.tree.map(jnp.array_equal, tp.shard_major_params(params, cfg, 1).layers, params.layers))
-    d, rows = cfg.head_dim, np.asarray(params.layers.w_qkv[0])
+    d, rows = cfg.head_dim, np.asarray(params.layers[0].w_qkv)
     q, k, v = rows[:8 * d], rows[8 * d:10 * d], rows[10 * d:]
-    laid_out = np.asarray(tp.shard_major_params(params, cfg, 4).layers.w_qkv[0]).reshape(4, 4 * d, -1)
+    laid_out = np.asarray(tp.shard_major_params(params, cfg, 4).layers[0].w_qkv).reshape(4, 4 * d, -1)
     for s in range(4):  # 2 query heads and (KV heads replicated) KV head s // 2 per device
         expected = np.concatenate([q[2 * s * d:(2 * s + 2) * d], k[(s // 2) * d:(s // 2 + 1) * d],
                                    v[(s // 2) * d:(s // 2 + 1) * d]])

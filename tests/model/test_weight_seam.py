@@ -92,8 +92,7 @@ def config(num_kv_heads: int = 2, **overrides) -> ModelConfig:
 
 def convert(params, to_format):
     """params with every linear weight in the format `to_format` builds from the dense one."""
-    layers = params.layers.replace(**{f: to_format(getattr(params.layers, f)) for f in LINEAR_FIELDS})
-    return params.replace(layers=layers)
+    return params.map_layers(lambda layer: layer.replace(**{f: to_format(getattr(layer, f)) for f in LINEAR_FIELDS}))
 
 
 def dense_params(cfg):
@@ -125,22 +124,22 @@ def test_dense_dot_is_x_times_w_transposed_in_float32():
 
 
 def test_dense_take_rows_keeps_host_on_host_and_device_on_device():
-    w = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)  # [L, N, K]
+    w = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)  # [N, K]
     index = np.array([4, 0, 0, 2])  # reordered, one row repeated
-    taken = weights.take_rows(w, index, axis=1)
+    taken = weights.take_rows(w, index, axis=0)
     assert isinstance(taken, np.ndarray)
-    np.testing.assert_array_equal(taken, w[:, index])
-    on_device = weights.take_rows(jnp.asarray(w), index, axis=1)
+    np.testing.assert_array_equal(taken, w[index])
+    on_device = weights.take_rows(jnp.asarray(w), index, axis=0)
     assert isinstance(on_device, jax.Array)
-    np.testing.assert_array_equal(np.asarray(on_device), w[:, index])
-    assert weights.leaf_axes(w, ("layers", "heads", "embed")) == ("layers", "heads", "embed")
+    np.testing.assert_array_equal(np.asarray(on_device), w[index])
+    assert weights.leaf_axes(w, ("heads", "embed")) == ("heads", "embed")
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_a_format_runs_the_forward_unchanged(name):
     cfg = config(qkv_bias=True, architecture="qwen2")
     formatted = convert(dense_params(cfg), FORMATS[name])
-    assert isinstance(formatted.layers.w_qkv, weights.WeightFormat)
+    assert all(isinstance(layer.w_qkv, weights.WeightFormat) for layer in formatted.layers)
     np.testing.assert_allclose(logits(cfg, formatted), dense_logits(cfg), rtol=0, atol=LOGITS_TOLERANCE)
 
 
@@ -152,18 +151,22 @@ def test_shard_major_layout_lays_out_a_format_like_its_dense_weight(name, tp_siz
     formatted = convert(params, FORMATS[name])
     laid_out = tp.shard_major_params(formatted, cfg, tp_size).layers
     dense = tp.shard_major_params(params, cfg, tp_size).layers
-    for field in LINEAR_FIELDS:
-        np.testing.assert_allclose(np.asarray(getattr(laid_out, field).dense()), getattr(dense, field), atol=1e-6)
+    for formatted_layer, dense_layer in zip(laid_out, dense, strict=True):
+        for field in LINEAR_FIELDS:
+            np.testing.assert_allclose(np.asarray(getattr(formatted_layer, field).dense()),
+                                       getattr(dense_layer, field), atol=1e-6)
 
 
 def test_param_shardings_give_each_leaf_of_a_format_its_spec():
     cfg = config()
     params = convert(random_params(cfg, jax.random.key(0)), LowRankDelta.of)
-    params = params.replace(layers=params.layers.replace(w_down=RowScaled.of(params.layers.w_down.base)))
+    params = params.map_layers(lambda layer: layer.replace(w_down=RowScaled.of(layer.w_down.base)))
     specs = jax.tree.map(lambda s: s.spec, tp.param_shardings(params, tp.make_mesh(1)))
-    assert specs.layers.w_qkv == LowRankDelta(base=P(None, "tp", None), a=P(None, "tp", None), b=P(None, None, None))
-    assert specs.layers.wo == LowRankDelta(base=P(None, None, "tp"), a=P(None, None, None), b=P(None, None, "tp"))
-    assert specs.layers.w_down == RowScaled(values=P(None, None, "tp"), scale=P(None, None))
+    assert len(specs.layers) == cfg.num_layers
+    for layer in specs.layers:
+        assert layer.w_qkv == LowRankDelta(base=P("tp", None), a=P("tp", None), b=P(None, None))
+        assert layer.wo == LowRankDelta(base=P(None, "tp"), a=P(None, None), b=P(None, "tp"))
+        assert layer.w_down == RowScaled(values=P(None, "tp"), scale=P(None))
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))

@@ -31,6 +31,7 @@ from jaxllm.engine.bucketing import Buckets  # noqa: E402
 from jaxllm.engine.step_programs import StepPrograms  # noqa: E402
 from jaxllm.model import attention, random_params  # noqa: E402
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
+from tests.cuda_lowering import lower_for_cuda  # noqa: E402
 from tests.model.tp_worker import BLOCK_SIZE, CASES, NUM_BLOCKS, SIZES, batches  # noqa: E402
 
 FORWARD_RUNS = ("kv1/tp2", "kv1/tp8", "kv8/tp2", "kv8/tp8")  # KV heads replicated 2x and 8x, and split
@@ -45,10 +46,6 @@ def counts(lowered_text: str) -> dict:
     return {"triton": lowered_text.count(TRITON_CALL), "all_reduce": lowered_text.count("stablehlo.all_reduce"),
             "kernel_operands": [ops.split(", ") for ops in KERNEL_OPERANDS.findall(lowered_text)],
             "chars": len(lowered_text)}
-
-
-def lower_for_cuda(jitted, *args, **static) -> str:
-    return jitted.trace(*args, **static).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def sharded_setup(run: str):
@@ -82,7 +79,8 @@ def program_runs() -> dict:
         for key in buckets.all_programs():
             static = {"num_rows": key.size, "num_sample_rows": buckets.num_sample_rows} if key.kind == "sample" \
                 else {}
-            text = lower_for_cuda(programs._jitted[key.kind], *programs.example_args(key, params, kv), **static)
+            text = lower_for_cuda(programs._jitted[key.kind], *programs.example_args(key, params, kv),
+                                  **static)
             results[f"{key}/{run}"] = counts(text)
     return results
 

@@ -59,7 +59,7 @@ def copy_checkpoint(source, target, edit_config=None, edit_tensors=None):
 def test_logits_equal_the_float_model_of_the_dequantized_weights(awq_model_dir, arch, method):
     directory = awq_model_dir(arch, method)
     loaded = load_model(directory)
-    linears = [getattr(loaded.params.layers, f) for f in FUSED]
+    linears = [getattr(layer, f) for layer in loaded.params.layers for f in FUSED]
     assert all(isinstance(w, AWQWeight) and w.qweight.dtype == np.int32 for w in linears)
     assert loaded.params.embed.dtype == np.float32  # dense tensors in the requested (CPU: float32) dtype
     want = logits(loaded.config, dequantized_params(directory, loaded.config))
@@ -78,7 +78,7 @@ def test_every_linear_agrees_with_an_independent_unpacker(awq_model_dir):
             want = np.concatenate([dense_oracle(*[tensors[f"model.layers.{layer}.{LINEARS[p]}.{t}"]
                                                   for t in ("qweight", "qzeros", "scales")], GROUP)
                                    for p in parts], axis=1)  # [K, N fused]
-            weight = jax.tree.map(lambda leaf: leaf[layer], getattr(params.layers, fused))
+            weight = getattr(params.layers[layer], fused)
             assert weight.shape == (want.shape[1], want.shape[0])  # stands for the dense [N, K]
             np.testing.assert_array_equal(np.asarray(dequantize(weight.packed)), want.astype(np.float32))
 
@@ -88,12 +88,12 @@ def test_pack_write_load_round_trips_exactly(awq_model_dir):
     params = load_host_model(directory).params
     tensors = read_tensors(directory)
     for fused, parts in FUSED.items():
-        weight = getattr(params.layers, fused)
+        weight = getattr(params.layers[1], fused)
         start = 0
         for part in parts:
             base = f"model.layers.1.{LINEARS[part]}"
             n = tensors[base + ".scales"].shape[1]
-            one = AWQPacked(*(np.asarray(leaf[1, ..., start:start + n]) for leaf in jax.tree.leaves(weight)))
+            one = AWQPacked(*(np.asarray(leaf[..., start:start + n]) for leaf in jax.tree.leaves(weight)))
             for got, name in zip(to_awq(one), ("qweight", "qzeros", "scales")):
                 np.testing.assert_array_equal(got, tensors[f"{base}.{name}"])
                 assert got.dtype == tensors[f"{base}.{name}"].dtype
@@ -105,10 +105,9 @@ def test_tensor_parallel_layout_selects_packed_columns(awq_model_dir):
     directory = awq_model_dir("llama3")
     loaded = load_host_model(directory)
     config, tp = loaded.config, 2
-    packed = shard_major_params(loaded.params, config, tp).layers.w_qkv
-    dense = dequantized_params(directory, config).layers.w_qkv  # [L, N, K]
-    np.testing.assert_array_equal(np.asarray(dequantize(jax.tree.map(lambda a: a[0], packed).packed)),
-                                  dense[0][qkv_rows(config, tp)].T)
+    packed = shard_major_params(loaded.params, config, tp).layers[0].w_qkv
+    dense = dequantized_params(directory, config).layers[0].w_qkv  # [N, K]
+    np.testing.assert_array_equal(np.asarray(dequantize(packed.packed)), dense[qkv_rows(config, tp)].T)
 
 
 def test_quantization_awq_is_accepted_and_modules_to_not_convert_stay_dense(awq_model_dir, tmp_path):
@@ -125,7 +124,8 @@ def test_quantization_awq_is_accepted_and_modules_to_not_convert_stay_dense(awq_
     directory = copy_checkpoint(source, tmp_path / "m", lambda hf: hf["quantization_config"].update(
         modules_to_not_convert=["down_proj"]), dense_down)
     loaded = load_model(directory, quantization="awq")
-    assert isinstance(loaded.params.layers.w_qkv, AWQWeight) and isinstance(loaded.params.layers.w_down, jax.Array)
+    assert all(isinstance(layer.w_qkv, AWQWeight) and isinstance(layer.w_down, jax.Array)
+               for layer in loaded.params.layers)
     want = logits(loaded.config, dequantized_params(source, loaded.config))
     np.testing.assert_allclose(logits(loaded.config, loaded.params), want, rtol=0, atol=1e-4)
 
@@ -136,7 +136,7 @@ def test_older_autoawq_config_keys_are_read(awq_model_dir, tmp_path):
         config["w_bit"], config["q_group_size"] = config.pop("bits"), config.pop("group_size")
 
     directory = copy_checkpoint(awq_model_dir("llama3"), tmp_path / "m", old_keys)
-    assert isinstance(load_host_model(directory).params.layers.wo, AWQWeight)
+    assert all(isinstance(layer.wo, AWQWeight) for layer in load_host_model(directory).params.layers)
 
 
 # ---------------------------------------------------------------------------------------------- refusals
@@ -305,8 +305,8 @@ def test_rtn_params_in_memory_dequantize_to_the_fake_quantized_weights():
                          num_heads=4, num_kv_heads=2, head_dim=16)
     dense = random_params(config, jax.random.key(1), scale=0.1)
     packed = rtn_awq_params(dense, GROUP)
-    for field in FUSED:
-        w = getattr(dense.layers, field)  # [L, N, K]
-        for layer in range(config.num_layers):
-            got = dequantize(jax.tree.map(lambda leaf: leaf[layer], getattr(packed.layers, field)).packed)  # [K, N]
-            np.testing.assert_array_equal(np.asarray(got), np.asarray(fake_quantize(w[layer], GROUP)).T)
+    for dense_layer, packed_layer in zip(dense.layers, packed.layers, strict=True):
+        for field in FUSED:
+            w = getattr(dense_layer, field)  # [N, K]
+            got = dequantize(getattr(packed_layer, field).packed)  # [K, N]
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(fake_quantize(w, GROUP)).T)
