@@ -1,5 +1,5 @@
-"""The split-KV (flash-decoding) kernel (interpret mode) against the jnp reference on decode-only steps, and its stored
-partials against a per-split float64 oracle."""
+"""The split-KV (flash-decoding) kernel (interpret mode) against the jnp reference on decode-only steps, its stored
+partials against a per-split float64 oracle, and the properties of its split rule."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 
 from pallas_kernels.paged_attention import split_kv_paged_attention
 from pallas_kernels.paged_attention.reference import MASK_VALUE
-from pallas_kernels.paged_attention.split_kv import _partials, default_num_splits, split_plan
+from pallas_kernels.paged_attention.split_kv import (MIN_SPLIT_KEYS, TARGET_PROGRAMS, _partials, default_num_splits,
+                                                     partial_bytes, split_plan)
 from pallas_kernels.paged_attention.testing import (TOLERANCE, poison_unused_slots, random_ragged_case,
                                                     reference_output, relative_error)
 
@@ -27,9 +28,10 @@ GROUPS = [(2, 2), (4, 2), (8, 2), (8, 1), (6, 2)]  # (Hq, Hkv): G = 1 (MHA), 2, 
 CASES = [
     ("mha_padded_bf16", [40, 7], dict(num_q_heads=2, num_kv_heads=2, pad_seqs=2, pad_tokens=3, dtype=jnp.bfloat16),
      dict(num_splits=2)),
-    ("g3_d128_b32_default_splits", [130, 1, 64], dict(num_q_heads=6, num_kv_heads=2, head_dim=128, block_size=32), {}),
+    ("g3_d128_b32_one_split", [130, 1, 64], dict(num_q_heads=6, num_kv_heads=2, head_dim=128, block_size=32), {}),
     ("g8_splits_cross_blocks", [100, 33], dict(num_q_heads=8, num_kv_heads=1, block_size=32, pad_blocks=1),
      dict(num_splits=5, block_kv=16)),
+    ("g4_default_splits_600", [600, 0, 257], dict(num_q_heads=4, num_kv_heads=1), {}),  # default plan: 2 x 320
 ]
 
 
@@ -134,9 +136,46 @@ def test_rejects_prefill_batches():
 
 
 @pytest.mark.parametrize("num_seqs,max_context,expected", [
-    (1, 4096, 64),  # batch 1, long context: split until ~1024 programs (8 KV heads)
-    (1, 256, 4),  # ... but no split shorter than one KV tile of 64
-    (256, 4096, 1),  # a big batch fills the GPU without splitting
+    (1, 8192, 32),  # batch 1, long context: the 256-key minimum binds before the program target (66 splits)
+    (1, 256, 1),  # a context of one minimal split is not split
+    (8, 8192, 8),  # 64 programs x 8 splits = 512, nearest the 528 target
+    (64, 4096, 1),  # 512 programs already: splitting would make a second wave
+    (256, 1024, 1),
 ])
-def test_default_num_splits(num_seqs, max_context, expected):
+def test_default_num_splits_examples(num_seqs, max_context, expected):
     assert default_num_splits(num_seqs, 8, max_context, 64) == expected
+
+
+PLAN_GRID = list(itertools.product([1, 2, 3, 8, 33, 64, 100, 256, 1000], [1, 2, 8],
+                                   [16, 100, 256, 300, 512, 513, 1000, 4096, 8192, 10000, 32768, 131072],
+                                   [16, 32, 64, 128]))
+
+
+def test_split_plan_properties():
+    """Over a grid of batches, KV heads, table widths and tile sizes, the default plan
+    - covers every key of a full context with whole KV tiles and leaves no split empty at full length,
+    - never cuts a split shorter than MIN_SPLIT_KEYS (nor than one tile),
+    - splits until the grid holds at least half of TARGET_PROGRAMS, or of what that minimum allows,
+    - and, once split, does not go far past TARGET_PROGRAMS (at most 1.5x: one wave, no long tail)."""
+    for num_seqs, num_kv_heads, max_context, block_kv in PLAN_GRID:
+        num_splits, split = split_plan(num_seqs, num_kv_heads, max_context, block_kv)
+        where = (num_seqs, num_kv_heads, max_context, block_kv, num_splits, split)
+        programs = num_seqs * num_kv_heads
+        assert split % block_kv == 0 and (num_splits - 1) * split < max_context <= num_splits * split, where
+        assert num_splits == 1 or split >= max(MIN_SPLIT_KEYS, block_kv), where
+        most = max(1, max_context // max(MIN_SPLIT_KEYS, block_kv))  # splits the minimum length allows
+        assert programs * num_splits >= min(TARGET_PROGRAMS, programs * most) / 2, where
+        assert num_splits == 1 or programs * num_splits <= 1.5 * TARGET_PROGRAMS, where
+
+
+@pytest.mark.parametrize("group,head_dim", [(1, 64), (4, 128), (8, 128), (8, 64)])
+def test_partials_stay_a_small_fraction_of_the_kv_bytes(group, head_dim):
+    """With 16-bit pools and every context at the table's width, the partials (stored, then read by the merge) stay
+    under 1/15 of the K/V bytes the kernel reads, whatever the batch: short splits would break this."""
+    for num_seqs, num_kv_heads, max_context, block_kv in PLAN_GRID:
+        num_splits, split = split_plan(num_seqs, num_kv_heads, max_context, block_kv)
+        if num_splits == 1:
+            continue  # unsplit: one partial per sequence and KV head, which is the output itself
+        kv_bytes = num_seqs * num_kv_heads * max_context * head_dim * 2 * 2  # K and V, bf16
+        traffic = 2 * partial_bytes(num_seqs, num_kv_heads, num_splits, group, head_dim)
+        assert traffic <= kv_bytes / 15, (num_seqs, num_kv_heads, max_context, block_kv, num_splits)
