@@ -21,10 +21,11 @@ Combine: out[s] = sum_k 2^(lse_k - max_k lse) o_k / sum_k 2^(lse_k - max_k lse),
 query_start_loc[s]; tokens that belong to no sequence stay zero. Padded sequences (context 0) cost one empty program
 per split.
 
-Splits (`split_plan`): few and long. Each split's partial costs G * (D + 1) * 4 bytes written and as many read back
-by the merge, against split * D * itemsize * 2 bytes of K and V; splits of at least MIN_SPLIT_KEYS keys keep that
-below 4 * G * (D + 1) / (MIN_SPLIT_KEYS * D * itemsize) of the K/V bytes (3% for Llama-3-8B in bf16, 6% for 70B),
-and splitting stops once there are TARGET_PROGRAMS programs (a few per SM of an H200).
+Splits (`split_plan`, `default_num_splits`): few and long. Each split's partial costs G * (D + 1) * 4 bytes stored
+and as many read back by the merge, against split * D * itemsize * 2 bytes of K and V; splits of at least
+MIN_SPLIT_KEYS keys keep that below 4 * G * (D + 1) / (MIN_SPLIT_KEYS * D * itemsize) of the K/V bytes for contexts
+that fill the block table (3% for Llama-3-8B in bf16, 6% for 70B), and the number of splits brings the grid nearest
+TARGET_PROGRAMS programs (a few per SM of an H200), no further. With one split the merge is skipped.
 """
 
 from __future__ import annotations
