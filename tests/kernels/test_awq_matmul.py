@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 from pallas_kernels.awq_matmul import (AWQPacked, awq_matmul, awq_matmul_large_m, awq_matmul_reference,
-                                       awq_matmul_small_m, dequantize, repack)
+                                       awq_matmul_small_m, dequantize, repack, with_scale_dtype)
 from pallas_kernels.awq_matmul.kernel import awq_partials_into, default_split_k
 from pallas_kernels.awq_matmul.layout import pack_rows, to_awq, unpack, unpack_rows
 from pallas_kernels.awq_matmul.testing import (TOLERANCE, random_activations, random_awq_tensors, random_packed,
                                                relative_error)
 
 COLUMN_OF_NIBBLE = [0, 2, 4, 6, 1, 3, 5, 7]
+BF16, F16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)
 
 
 def awq_unpack_oracle(words: np.ndarray) -> np.ndarray:
@@ -184,3 +185,48 @@ def test_kernels_lower_to_triton_at_llama3_8b_shapes(m, k, n, dtype):
     args = (jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128))
     text = jax.jit(awq_matmul).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+# ---------------------------------------------------------------------------------------------- 16-bit dequantization
+
+
+def bf16_bits_of(values: np.ndarray) -> np.ndarray:
+    """float32 values -> the uint16 bits of their bfloat16 rounding, round to nearest even, from the float32 bits."""
+    bits = np.asarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def float_of_bits(bits: np.ndarray, dtype) -> np.ndarray:
+    """uint16 bits of bfloat16 or float16 values -> float64."""
+    bits = np.asarray(bits, np.uint16)
+    if dtype == BF16:
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return bits.view(np.float16).astype(np.float64)
+
+
+def as_float64(values) -> np.ndarray:
+    """bf16 / f16 / f32 values (numpy or jax) -> float64, bfloat16 through its bits."""
+    values = np.asarray(values)
+    if values.dtype == BF16:
+        return float_of_bits(values.view(np.uint16), BF16)
+    return values.astype(np.float64)
+
+
+def test_with_scale_dtype_rounds_to_nearest_even():
+    """Every finite fp16 scale -> bf16 as IEEE round-to-nearest-even; host and device leaves, leading axes kept,
+    qweight and zeros untouched; fp16 -> fp16 and -> float32 exact."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = bits.view(np.float16)[np.isfinite(bits.view(np.float16))]  # 63488 values
+    scales = finite.reshape(2, -1, 64)  # [L, K/G, N]
+    packed = AWQPacked(qweight=np.arange(2 * 8 * 64, dtype=np.int32).reshape(2, 8, 64),
+                       zeros=np.zeros((2, scales.shape[1], 64), np.int8), scales=scales)
+    want = bf16_bits_of(scales.astype(np.float32))  # [L, K/G, N] uint16
+    for leaves in (packed, jax.tree.map(jnp.asarray, packed)):
+        cast = with_scale_dtype(leaves, jnp.bfloat16)
+        assert cast.scales.dtype == BF16 and cast.scales.shape == scales.shape
+        np.testing.assert_array_equal(np.asarray(cast.scales).view(np.uint16), want)
+        assert cast.qweight is leaves.qweight and cast.zeros is leaves.zeros
+    for dtype in (F16, F32):
+        np.testing.assert_array_equal(as_float64(with_scale_dtype(packed, dtype).scales), scales.astype(np.float64))
+    with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+        with_scale_dtype(packed, jnp.int8)
