@@ -168,6 +168,14 @@ def test_default_split_k(m, k, n, expected):
 # ---------------------------------------------------------------------------------------------- CUDA lowering
 
 
+def lower_for_cuda(fn, *args) -> str:
+    """The StableHLO text of fn lowered for CUDA on this CPU-only machine. Since jax 0.11 the Pallas Triton lowering
+    asks for the target GPU: an abstract H200 (no device, nothing compiled) answers it; older jax needs none."""
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
 def awq_spec(k: int, n: int, group: int) -> AWQPacked:
     return AWQPacked(jax.ShapeDtypeStruct((k // 8, n), jnp.int32), jax.ShapeDtypeStruct((k // group, n), jnp.int8),
                      jax.ShapeDtypeStruct((k // group, n), jnp.float16))
@@ -182,8 +190,7 @@ def awq_spec(k: int, n: int, group: int) -> AWQPacked:
     (4096, 14336, jnp.float32),
 ], ids=["qkv_bf16", "o_f16", "gate_up_bf16", "down_bf16", "up_f32"])
 def test_kernels_lower_to_triton_at_llama3_8b_shapes(m, k, n, dtype):
-    args = (jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128))
-    text = jax.jit(awq_matmul).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_for_cuda(awq_matmul, jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128))
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 
