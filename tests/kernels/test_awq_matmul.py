@@ -1,8 +1,10 @@
 """Int4 AWQ matmul: the layout and the reference against an independent unpacker of the AutoAWQ format, the Pallas
-kernels (interpret mode) against the reference, and their CUDA lowering at Llama-3-8B shapes.
+kernels (interpret mode) against the reference and against exact dequantized values, and their CUDA lowering at
+Llama-3-8B shapes.
 
 The unpacker below is written from the format's definition (nibble j of a word holds column [0, 2, 4, 6, 1, 3, 5,
-7][j] of its group of eight; W[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n]), not from layout.py.
+7][j] of its group of eight; W[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n]), not from layout.py; the rounding
+oracles from IEEE round-to-nearest-even on the bits (bfloat16) and numpy's float16 conversion, not from jax.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from pallas_kernels.awq_matmul import (AWQPacked, awq_matmul, awq_matmul_large_m
                                        awq_matmul_small_m, dequantize, repack, with_scale_dtype)
 from pallas_kernels.awq_matmul.kernel import awq_partials_into, default_split_k
 from pallas_kernels.awq_matmul.layout import pack_rows, to_awq, unpack, unpack_rows
-from pallas_kernels.awq_matmul.testing import (TOLERANCE, random_activations, random_awq_tensors, random_packed,
-                                               relative_error)
+from pallas_kernels.awq_matmul.testing import random_activations, random_awq_tensors, random_packed, relative_error
 
 COLUMN_OF_NIBBLE = [0, 2, 4, 6, 1, 3, 5, 7]
 BF16, F16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)
+INTERPRET_TOLERANCE = 1e-5  # kernel vs reference in interpret mode: the same weights, float32 sums in another order
 
 
 def awq_unpack_oracle(words: np.ndarray) -> np.ndarray:
@@ -104,50 +106,55 @@ def test_column_selection_is_plain_indexing():
 
 # ---------------------------------------------------------------------------------------------- kernels
 
-# (id, M, K, N, G, activation dtype, entry point, knobs): K and N off the tiles, every group size, M over 1..512
+# (id, M, K, N, G, activation dtype, scale dtype, entry point, knobs): K and N off the tiles, every group size, M over
+# 1..512; scales in the activation dtype (the 16-bit dequantization) or in fp16 under bf16 / f32 (the float32 path)
 KERNEL_CASES = [
-    ("m1_bf16_g32_split", 1, 384, 200, 32, jnp.bfloat16, awq_matmul_small_m, {}),
-    ("m3_f16_g64_bn64", 3, 256, 136, 64, jnp.float16, awq_matmul_small_m, dict(block_n=64)),
-    ("m16_bf16_g128_split3", 16, 640, 72, 128, jnp.bfloat16, awq_matmul_small_m, dict(split_k=3, block_k=128)),
-    ("m33_bf16_g32", 33, 256, 136, 32, jnp.bfloat16, awq_matmul_large_m, {}),
-    ("m128_f16_g64_small_tiles", 128, 384, 96, 64, jnp.float16, awq_matmul_large_m, dict(block_m=32, block_n=32)),
-    ("m512_bf16_g128", 512, 128, 40, 128, jnp.bfloat16, awq_matmul_large_m, dict(block_n=64)),
-    ("m5_f32_g32_auto", 5, 256, 48, 32, jnp.float32, awq_matmul, {}),
-    ("m40_f16_g128_auto_split", 40, 1024, 24, 128, jnp.float16, awq_matmul, dict(split_k=2, block_k=256)),
+    ("m1_bf16_g32_split", 1, 384, 200, 32, BF16, BF16, awq_matmul_small_m, {}),
+    ("m1_bf16_fp16_scales", 1, 384, 200, 32, BF16, F16, awq_matmul_small_m, {}),
+    ("m3_f16_g64_bn64", 3, 256, 136, 64, F16, F16, awq_matmul_small_m, dict(block_n=64)),
+    ("m16_bf16_g128_split3", 16, 640, 72, 128, BF16, BF16, awq_matmul_small_m, dict(split_k=3, block_k=128)),
+    ("m33_bf16_g32", 33, 256, 136, 32, BF16, BF16, awq_matmul_large_m, {}),
+    ("m128_f16_g64_small_tiles", 128, 384, 96, 64, F16, F16, awq_matmul_large_m, dict(block_m=32, block_n=32)),
+    ("m512_bf16_g128_fp16_scales", 512, 128, 40, 128, BF16, F16, awq_matmul_large_m, dict(block_n=64)),
+    ("m5_f32_g32_auto", 5, 256, 48, 32, F32, F16, awq_matmul, {}),
+    ("m40_f16_g128_auto_split", 40, 1024, 24, 128, F16, F16, awq_matmul, dict(split_k=2, block_k=256)),
 ]
 
 
-@pytest.mark.parametrize("case_id,m,k,n,group,dtype,entry,knobs", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
-def test_kernel_matches_reference(case_id, m, k, n, group, dtype, entry, knobs):
-    packed = random_packed(len(case_id), k, n, group)
+@pytest.mark.parametrize("case_id,m,k,n,group,dtype,scale_dtype,entry,knobs", KERNEL_CASES,
+                         ids=[c[0] for c in KERNEL_CASES])
+def test_kernel_matches_reference(case_id, m, k, n, group, dtype, scale_dtype, entry, knobs):
+    packed = random_packed(len(case_id), k, n, group, scale_dtype)
     x = random_activations(m, m, k, dtype)
     y = np.asarray(jax.jit(functools.partial(entry, interpret=True, **knobs))(x, packed))
     assert y.shape == (m, n) and y.dtype == np.float32
     assert not np.isnan(y).any()
-    assert relative_error(y, awq_matmul_reference(x, packed)) < TOLERANCE[jnp.dtype(dtype)]
+    assert relative_error(y, awq_matmul_reference(x, packed)) < INTERPRET_TOLERANCE
 
 
+@pytest.mark.parametrize("scale_dtype", [BF16, F16], ids=["bf16_scales", "fp16_scales"])
 @pytest.mark.parametrize("m,k,n,group,splits,block_m,block_k", [
     (3, 640, 40, 64, 3, 16, 128),  # the last split is a part step; a block past N
     (20, 256, 24, 32, 4, 16, 128),  # two M tiles, the second mostly padding; the last two splits hold no rows
 ])
-def test_kernel_writes_every_partial(m, k, n, group, splits, block_m, block_k):
-    """Into a NaN-filled [S, M, N] buffer: every element is written, padding lanes never leak in."""
-    packed = random_packed(m, k, n, group)
+def test_kernel_writes_every_partial(m, k, n, group, splits, block_m, block_k, scale_dtype):
+    """Into a NaN-filled [S, M, N] buffer: every element is written, padding lanes never leak in (bf16 activations:
+    the 16-bit dequantization with bf16 scales, the float32 path with fp16 ones)."""
+    packed = random_packed(m, k, n, group, scale_dtype)
     x = random_activations(m, m, k, jnp.bfloat16)
     into = jax.jit(functools.partial(awq_partials_into, block_m=block_m, block_n=16, block_k=block_k,
                                      interpret=True))
     partials = np.asarray(into(jnp.full((splits, m, n), jnp.nan, jnp.float32), x, packed))
     assert not np.isnan(partials).any(), "a partial sum was not written"
-    assert relative_error(partials.sum(axis=0), awq_matmul_reference(x, packed)) < TOLERANCE[jnp.dtype(jnp.bfloat16)]
+    assert relative_error(partials.sum(axis=0), awq_matmul_reference(x, packed)) < INTERPRET_TOLERANCE
 
 
 def test_awq_matmul_keeps_leading_axes_and_picks_the_kernel():
-    packed = random_packed(0, 256, 32, 64)
+    packed = random_packed(0, 256, 32, 64, jnp.bfloat16)
     x = random_activations(0, 6, 256, jnp.bfloat16).reshape(2, 3, 256)
     y = awq_matmul(x, packed, interpret=True, block_m=32)  # block_m is dropped on the small-M path
     assert y.shape == (2, 3, 32)
-    assert relative_error(y, awq_matmul_reference(x, packed)) < TOLERANCE[jnp.dtype(jnp.bfloat16)]
+    assert relative_error(y, awq_matmul_reference(x, packed)) < INTERPRET_TOLERANCE
     assert awq_matmul(x[:, :0], packed, interpret=True).shape == (2, 0, 32)
     with pytest.raises(TypeError, match="block_q"):
         awq_matmul(x, packed, interpret=True, block_q=16)
@@ -217,6 +224,63 @@ def as_float64(values) -> np.ndarray:
     if values.dtype == BF16:
         return float_of_bits(values.view(np.uint16), BF16)
     return values.astype(np.float64)
+
+
+def round_once(exact: np.ndarray, dtype) -> np.ndarray:
+    """Exact products (q - z) * s (float64) -> their one rounding to dtype, as float64."""
+    as_f32 = exact.astype(np.float32)
+    assert (as_f32.astype(np.float64) == exact).all(), "the products must be exact in float32"
+    if dtype == BF16:
+        return float_of_bits(bf16_bits_of(as_f32), BF16)
+    if dtype == F16:
+        return exact.astype(np.float16).astype(np.float64)  # numpy's double -> half: round to nearest even
+    return as_f32.astype(np.float64)
+
+
+EVERY_K, EVERY_N, EVERY_G = 16, 256, 8  # two word rows, two groups
+
+
+def every_pair_case(seed: int, scale_dtype):
+    """Weights in which, for each nibble position j and each group, every (q, z) in 0..15 x 0..15 occurs: column
+    n = 16a + b has zero (b + 5g) % 16 in group g and q[8r + j, n] = (a + r + j) % 16. Scales of both signs over
+    2^-8 .. 4. Returns (packed, q [K, N], z [K/G, N]); the words are packed here from the layout's definition."""
+    rows, cols = np.arange(EVERY_K)[:, None], np.arange(EVERY_N)[None, :]
+    q = (cols // 16 + rows // 8 + rows % 8) % 16  # [K, N]
+    z = (cols % 16 + 5 * np.arange(EVERY_K // EVERY_G)[:, None]) % 16  # [K/G, N]
+    nibbles = q.reshape(EVERY_K // 8, 8, EVERY_N).astype(np.uint64)  # [K/8, 8, N]: nibble j of word r is row 8r + j
+    words = (nibbles << (4 * np.arange(8, dtype=np.uint64))[None, :, None]).sum(axis=1)  # [K/8, N]
+    rng = np.random.default_rng(seed)
+    scales = (rng.choice([-1.0, 1.0], z.shape) * rng.uniform(0.5, 1.0, z.shape) *
+              2.0 ** rng.integers(-8, 3, z.shape)).astype(np.float16)  # [K/G, N]
+    packed = AWQPacked(qweight=words.astype(np.uint32).view(np.int32), zeros=z.astype(np.int8), scales=scales)
+    return with_scale_dtype(packed, scale_dtype), q, z
+
+
+def exact_weights(packed: AWQPacked, q: np.ndarray, z: np.ndarray, dtype) -> np.ndarray:
+    """W [K, N] float64: (q - z) * s with the stored scales, computed exactly and rounded once to dtype."""
+    groups = np.arange(q.shape[0]) // (q.shape[0] // z.shape[0])  # [K]
+    return round_once((q - z[groups]) * as_float64(packed.scales)[groups], dtype)
+
+
+DEQUANT_DTYPES = [(BF16, BF16), (F16, F16), (BF16, F16), (F32, F16)]  # (activations, scales)
+DEQUANT_IDS = ["bf16_bf16_scales", "f16_f16_scales", "bf16_fp16_scales", "f32_fp16_scales"]
+
+
+@pytest.mark.parametrize("dtype,scale_dtype", DEQUANT_DTYPES, ids=DEQUANT_IDS)
+@pytest.mark.parametrize("entry", [awq_matmul_small_m, functools.partial(awq_matmul_large_m, block_m=16)],
+                         ids=["small_m", "large_m"])
+def test_kernel_dequantizes_every_nibble_and_zero_exactly(dtype, scale_dtype, entry):
+    """x = the identity, so y = W: every weight, each (q, z) at each nibble position, equals (q - z) * s rounded once
+    to x's dtype, in the kernel (16-bit dequantization where the scales are x's dtype, float32 otherwise), in
+    dequantize and in the reference."""
+    packed, q, z = every_pair_case(7, scale_dtype)
+    want = exact_weights(packed, q, z, dtype)  # [K, N]
+    packed = jax.tree.map(jnp.asarray, packed)
+    x = jnp.eye(EVERY_K, dtype=dtype)  # [K, K]
+    y = np.asarray(jax.jit(functools.partial(entry, interpret=True))(x, packed))  # [K, N] float32
+    np.testing.assert_array_equal(y, want.astype(np.float32))
+    np.testing.assert_array_equal(as_float64(dequantize(packed, dtype)), want)
+    np.testing.assert_array_equal(np.asarray(awq_matmul_reference(x, packed)), want.astype(np.float32))
 
 
 def test_with_scale_dtype_rounds_to_nearest_even():
