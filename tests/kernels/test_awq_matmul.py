@@ -1,6 +1,6 @@
 """Int4 AWQ matmul: the layout and the reference against an independent unpacker of the AutoAWQ format, the Pallas
-kernels (interpret mode) against the reference and against exact dequantized values, and their CUDA lowering at
-Llama-3-8B shapes.
+kernels (interpret mode) against the reference and against exact dequantized values, the inline PTX of the 16-bit
+dequantization run by a small emulator, and the CUDA lowering at Llama-3-8B shapes.
 
 The unpacker below is written from the format's definition (nibble j of a word holds column [0, 2, 4, 6, 1, 3, 5,
 7][j] of its group of eight; W[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n]), not from layout.py; the rounding
@@ -18,6 +18,7 @@ import pytest
 
 from pallas_kernels.awq_matmul import (AWQPacked, awq_matmul, awq_matmul_large_m, awq_matmul_reference,
                                        awq_matmul_small_m, dequantize, repack, with_scale_dtype)
+from pallas_kernels.awq_matmul import kernel as awq_kernel
 from pallas_kernels.awq_matmul.kernel import awq_partials_into, default_split_k
 from pallas_kernels.awq_matmul.layout import pack_rows, to_awq, unpack, unpack_rows
 from pallas_kernels.awq_matmul.testing import random_activations, random_awq_tensors, random_packed, relative_error
@@ -183,22 +184,27 @@ def lower_for_cuda(fn, *args) -> str:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def awq_spec(k: int, n: int, group: int) -> AWQPacked:
+def awq_spec(k: int, n: int, group: int, scale_dtype=jnp.float16) -> AWQPacked:
     return AWQPacked(jax.ShapeDtypeStruct((k // 8, n), jnp.int32), jax.ShapeDtypeStruct((k // group, n), jnp.int8),
-                     jax.ShapeDtypeStruct((k // group, n), jnp.float16))
+                     jax.ShapeDtypeStruct((k // group, n), scale_dtype))
 
 
 @pytest.mark.parametrize("m", [1, 16, 256], ids=["decode_m1", "decode_m16", "prefill_m256"])
-@pytest.mark.parametrize("k,n,dtype", [
-    (4096, 6144, jnp.bfloat16),  # q|k|v
-    (4096, 4096, jnp.float16),  # o
-    (4096, 28672, jnp.bfloat16),  # gate|up
-    (14336, 4096, jnp.bfloat16),  # down
-    (4096, 14336, jnp.float32),
-], ids=["qkv_bf16", "o_f16", "gate_up_bf16", "down_bf16", "up_f32"])
-def test_kernels_lower_to_triton_at_llama3_8b_shapes(m, k, n, dtype):
-    text = lower_for_cuda(awq_matmul, jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128))
+@pytest.mark.parametrize("k,n,dtype,scale_dtype", [
+    (4096, 6144, BF16, BF16),  # q|k|v
+    (4096, 4096, F16, F16),  # o
+    (4096, 28672, BF16, F16),  # gate|up, the checkpoint's fp16 scales
+    (14336, 4096, BF16, BF16),  # down
+    (4096, 14336, F32, F16),
+], ids=["qkv_bf16", "o_f16", "gate_up_bf16_fp16_scales", "down_bf16", "up_f32"])
+def test_kernels_lower_to_triton_at_llama3_8b_shapes(m, k, n, dtype, scale_dtype):
+    """One Triton kernel each, whose dequantization is the inline PTX exactly when the scales are in x's 16-bit dtype."""
+    text = lower_for_cuda(awq_matmul, jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128, scale_dtype))
     assert text.count("__gpu$xla.gpu.triton") == 1
+    fast = dtype == scale_dtype and dtype != F32
+    assert ("prmt.b32" in text) == fast
+    for kind in ("bf16x2", "f16x2"):
+        assert (f"fma.rn.{kind}" in text) == (fast and kind == {BF16: "bf16x2", F16: "f16x2"}[dtype])
 
 
 # ---------------------------------------------------------------------------------------------- 16-bit dequantization
@@ -301,3 +307,90 @@ def test_with_scale_dtype_rounds_to_nearest_even():
         np.testing.assert_array_equal(as_float64(with_scale_dtype(packed, dtype).scales), scales.astype(np.float64))
     with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
         with_scale_dtype(packed, jnp.int8)
+
+
+# A few PTX instructions, run on numpy uint32 arrays: enough to execute kernel.nibble_asm's text.
+
+
+def _prmt(a, b, select):
+    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]  # b3..b0 a3..a0
+    out = np.zeros_like(a)
+    for i in range(4):
+        pick = (int(select) >> (4 * i)) & 0xF
+        assert pick < 8, "the sign-replicating selector mode is not emulated"
+        out |= pool[pick] << (8 * i)
+    return out
+
+
+def _lop3(a, b, c, lut):
+    out = np.zeros_like(a)
+    for index in range(8):  # PTX: bit F(a, b, c) of lut, index 4a + 2b + c (ta = 0xF0, tb = 0xCC, tc = 0xAA)
+        if (int(lut) >> index) & 1:
+            out |= (a if index & 4 else ~a) & (b if index & 2 else ~b) & (c if index & 1 else ~c)
+    return out & 0xFFFFFFFF
+
+
+def _fma_x2(dtype):
+    def fma(a, b, c):
+        out = np.zeros_like(a)
+        for half in (0, 1):
+            value = [float_of_bits((v >> (16 * half)) & 0xFFFF, dtype) for v in (a, b, c)]
+            exact = value[0] * value[1] + value[2]  # exact in float64 for these operands (checked by round_once)
+            rounded = round_once(exact, dtype)
+            as_bits = bf16_bits_of(rounded) if dtype == BF16 else rounded.astype(np.float16).view(np.uint16)
+            out |= as_bits.astype(np.uint32) << (16 * half)
+        return out
+    return fma
+
+
+PTX = {"prmt.b32": _prmt, "lop3.b32": _lop3, "fma.rn.bf16x2": _fma_x2(BF16), "fma.rn.f16x2": _fma_x2(F16)}
+
+
+def run_ptx(asm: str, registers: dict) -> np.ndarray:
+    """Executes `{ .reg ...; op d, a, b, ...; ... }` on uint32 arrays; registers holds $1.. and gets $0."""
+    registers = dict(registers)
+    for statement in asm.strip().strip("{}").split(";"):
+        statement = statement.strip()
+        if not statement or statement.startswith(".reg"):
+            continue
+        op, operands = statement.split(None, 1)
+        dest, *sources = [o.strip() for o in operands.split(",")]
+        values = [registers[s] if s in registers else np.uint32(int(s, 0)) for s in sources]
+        registers[dest] = PTX[op](*values)
+    return registers["$0"]
+
+
+def pair(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Two uint16 arrays -> the uint32 registers of Triton's pack=2 operands: the first element in the low half."""
+    return first.astype(np.uint32) | (second.astype(np.uint32) << 16)
+
+
+def bits16(values) -> np.ndarray:
+    return np.asarray(values).view(np.uint16)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("j", range(8))
+def test_nibble_asm_computes_each_weight_rounded_once(dtype, j):
+    """kernel.nibble_asm's PTX, emulated, on two words per call as the kernel feeds it (words >> 4 for odd j, the
+    kernel's own -(M + z)): every (q, z) for the first element, a shuffled set for the second, the other nibbles
+    random, scales random; each half of $0 must be (q - z) * s rounded once. What the emulator cannot check: that
+    Triton hands the asm its elements in this order (read off Triton's inline-asm lowering, not run)."""
+    rng = np.random.default_rng(j)
+    q0, z0 = (a.ravel() for a in np.meshgrid(np.arange(16), np.arange(16)))  # [256] each: every pair
+    q1, z1 = (7 * q0 + 3) % 16, (5 * z0 + 1) % 16
+    words = rng.integers(0, 2 ** 32, (2, 256), dtype=np.uint64).astype(np.uint32)  # [2, 256] random nibbles
+    words &= ~np.uint32(0xF << (4 * j))
+    words |= np.stack([q0, q1]).astype(np.uint32) << (4 * j)  # nibble j set to q
+    source = (words.view(np.int32) >> 4).view(np.uint32) if j % 2 else words  # as the kernel: arithmetic shift
+    scales = (rng.choice([-1.0, 1.0], (2, 256)) * rng.uniform(2 ** -10, 4, (2, 256))).astype(np.float16)
+    scales = np.asarray(jnp.asarray(scales).astype(dtype))  # [2, 256] dtype
+    minus_mz = np.asarray(awq_kernel._minus_magic_zero(jnp.asarray(np.stack([z0, z1]), jnp.int32), dtype))
+    np.testing.assert_array_equal(as_float64(minus_mz), -({BF16: 128.0, F16: 1024.0}[dtype] + np.stack([z0, z1])))
+    ones, minus_zeros = np.full((2, 256), 1, dtype), np.full((2, 256), -0.0, dtype)
+    registers = {"$1": source[0], "$2": source[1], "$3": pair(*bits16(minus_mz)), "$4": pair(*bits16(scales)),
+                 "$5": pair(*bits16(ones)), "$6": pair(*bits16(minus_zeros))}
+    out = run_ptx(awq_kernel.nibble_asm(j // 2, dtype), registers)  # [256] uint32
+    got = np.stack([float_of_bits(out & 0xFFFF, dtype), float_of_bits(out >> 16, dtype)])  # [2, 256]
+    want = round_once((np.stack([q0, q1]) - np.stack([z0, z1])) * as_float64(scales), dtype)
+    np.testing.assert_array_equal(got, want)
