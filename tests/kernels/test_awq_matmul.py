@@ -198,7 +198,7 @@ def awq_spec(k: int, n: int, group: int, scale_dtype=jnp.float16) -> AWQPacked:
     (4096, 14336, F32, F16),
 ], ids=["qkv_bf16", "o_f16", "gate_up_bf16_fp16_scales", "down_bf16", "up_f32"])
 def test_kernels_lower_to_triton_at_llama3_8b_shapes(m, k, n, dtype, scale_dtype):
-    """One Triton kernel each, whose dequantization is the inline PTX exactly when the scales are in x's 16-bit dtype."""
+    """One Triton kernel each, dequantizing by the inline PTX exactly when the scales are in x's 16-bit dtype."""
     text = lower_for_cuda(awq_matmul, jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128, scale_dtype))
     assert text.count("__gpu$xla.gpu.triton") == 1
     fast = dtype == scale_dtype and dtype != F32
