@@ -16,7 +16,7 @@ unpacked to one byte, scales as given:
 
     qweight  int32 [K/8, N]      word [r, n]: bits 4j..4j+3 hold q[8r + j, n]   (j = 0..7, natural order)
     zeros    int8  [K/G, N]      z[g, n] in 0..15
-    scales   fp16  [K/G, N]      s[g, n] (the checkpoint's dtype is kept)
+    scales   fp16  [K/G, N]      s[g, n] (the checkpoint's dtype is kept; `with_scale_dtype` casts them)
 
           n ->                                         one word = q[8r .. 8r+7, n]
      r  +------+------+------+--                       +----+----+----+----+----+----+----+----+
@@ -32,17 +32,25 @@ k0 + 8r + j, which the dot meets with the activation columns k0 + 8r + j: eight 
 word loaded once. One byte per zero keeps the dequantization exact ((q - z) * s rounded once) at 1/G byte per
 weight, against 1/(2G) for packed zeros.
 
+Scales in the activation dtype: unless the scales share the activations' dtype, the kernel dequantizes through
+float32, a conversion per weight (kernel.py). AutoAWQ's scales are fp16 and activations usually bf16, so a loader
+casts them once with `with_scale_dtype(packed, activation dtype)`: each scale is rounded to bf16's 8 significant bits
+(a relative change of at most 2^-9), and each weight (q - z) * s is then rounded to bf16 as before. Scales left in
+fp16 still give bf16 activations correct results, through that float32 path.
+
 Every leaf may carry leading axes (layers stacked [L, ...] for lax.scan); the kernels take one layer's leaves.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: nibble j of a word holds column 8c + AWQ_ORDER[j]
 _NIBBLE_SHIFTS = 4 * np.arange(8, dtype=np.uint32)  # [8] bit offset of nibble j
+SCALE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))  # with_scale_dtype's targets
 
 
 @struct.dataclass
@@ -76,6 +84,17 @@ def repack(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, group_si
     q = unpack_awq_columns(qweight)  # [K, N] uint8
     z = unpack_awq_columns(qzeros)  # [K/G, N] uint8
     return AWQPacked(qweight=pack_rows(q), zeros=z.astype(np.int8), scales=scales.copy())
+
+
+def with_scale_dtype(packed: AWQPacked, dtype) -> AWQPacked:
+    """The same weights with the scales cast to `dtype` (round to nearest even), qweight and zeros shared: the step
+    that lets bf16 (f16) activations meet bf16 (f16) scales and skip the kernel's float32 dequantization. Host numpy
+    or device leaves, any leading axes; a float32 target is exact but gains nothing (float32 activations take the
+    float32 path whatever the scales)."""
+    dtype = jnp.dtype(dtype)
+    if dtype not in SCALE_DTYPES:
+        raise ValueError(f"scales must be bfloat16, float16 or float32, got {dtype}")
+    return AWQPacked(qweight=packed.qweight, zeros=packed.zeros, scales=packed.scales.astype(dtype))
 
 
 def to_awq(packed: AWQPacked) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
