@@ -12,6 +12,8 @@ a linear whose name contains an entry of modules_to_not_convert is stored dense 
 embedding, the norms, the biases and the LM head. `join_linears` turns the three tensors of each quantized linear
 into one AWQWeight named P.qweight (repacked to the kernel layout, host numpy), checking every tensor's dtype and
 shape; the ordinary loader then maps the names to fields and checks each weight's [N, K] against the config.
+The scales are cast to the activations' dtype when that is bfloat16 or float16 (`scale_dtype`): the kernel then
+dequantizes int4 straight into it, with no float32 round trip (pallas_kernels/awq_matmul/README.md).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 from jaxllm.errors import ModelLoadError
 from jaxllm.model.awq_weight import AWQWeight
-from pallas_kernels.awq_matmul import repack
+from pallas_kernels.awq_matmul import repack, with_scale_dtype
 
 QUANTIZATION_METHODS = ("awq",)  # what `quantization=` / --quantization accept
 LINEAR_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -89,7 +91,15 @@ def _key(config: dict, name: str, old_name: str) -> Any:
     return config[name] if name in config else config.get(old_name)
 
 
-def join_linears(named: Iterable[tuple[Path, str, np.ndarray]], awq: AWQConfig
+def scale_dtype(activation_dtype) -> np.dtype | None:
+    """The dtype a model's AWQ scales are held in: its activations' when 16-bit (the kernel's fast path: a
+    checkpoint's fp16 scales rounded once to bf16 move by at most 2^-9 of themselves), else the checkpoint's own
+    (None: float32 activations dequantize in float32 whatever the scales)."""
+    dtype = np.dtype(activation_dtype)
+    return dtype if dtype.itemsize == 2 else None
+
+
+def join_linears(named: Iterable[tuple[Path, str, np.ndarray]], awq: AWQConfig, activation_dtype=np.float32
                  ) -> Iterator[tuple[Path, str, Any]]:
     """(file, tensor name, array) as read -> the same, with each quantized linear's qweight, qzeros and scales
     joined into one AWQWeight named `P.qweight`. ModelLoadError naming the file and tensor for a part that is
@@ -112,7 +122,8 @@ def join_linears(named: Iterable[tuple[Path, str, np.ndarray]], awq: AWQConfig
             parts = pending.setdefault(module, {})
             parts[part] = (path, array)
             if len(parts) == len(PARTS):
-                yield path, f"{module}.qweight", _weight(module, pending.pop(module), awq.group_size)
+                weight = _weight(module, pending.pop(module), awq.group_size, scale_dtype(activation_dtype))
+                yield path, f"{module}.qweight", weight
         else:
             yield path, name, array  # the ordinary loader names it as unexpected
     for module, parts in pending.items():
@@ -126,7 +137,7 @@ def _is_linear(module: str) -> bool:
     return module.startswith("model.layers.") and module.endswith(LINEAR_MODULES)
 
 
-def _weight(module: str, parts: dict[str, tuple[Path, np.ndarray]], group_size: int) -> AWQWeight:
+def _weight(module: str, parts: dict[str, tuple[Path, np.ndarray]], group_size: int, scales_as) -> AWQWeight:
     """One linear's checked tensors -> AWQWeight (numpy leaves, the kernel layout)."""
     (qw_path, qweight), (qz_path, qzeros), (s_path, scales) = (parts[p] for p in PARTS)
     for path, part, array in ((qw_path, "qweight", qweight), (qz_path, "qzeros", qzeros)):
@@ -144,4 +155,5 @@ def _weight(module: str, parts: dict[str, tuple[Path, np.ndarray]], group_size: 
         if tuple(array.shape) != shape:
             raise ModelLoadError(path, f"tensor '{module}.{part}' has shape {tuple(array.shape)}, but qweight "
                                  f"{tuple(qweight.shape)} with group size {group_size} implies {shape}")
-    return AWQWeight.from_packed(repack(qweight, qzeros, scales, group_size))
+    packed = repack(qweight, qzeros, scales, group_size)
+    return AWQWeight.from_packed(packed if scales_as is None else with_scale_dtype(packed, scales_as))

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from jaxllm.config import ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders import awq
-from jaxllm.loaders.assemble import assemble_params, tensor_field
+from jaxllm.loaders.assemble import assemble_params, numpy_dtype, tensor_field
 from jaxllm.model.params import LlamaParams
 
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
@@ -85,7 +85,7 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
     named = (t for f in weight_files(model_dir) for t in _read_file(f))
     layer_names = _LAYER_NAMES
     if awq_config is not None:
-        named, layer_names = awq.join_linears(named, awq_config), _AWQ_LAYER_NAMES
+        named, layer_names = awq.join_linears(named, awq_config, numpy_dtype(dtype)), _AWQ_LAYER_NAMES
     return config, assemble_params(config, _fields(named, config, layer_names), source=str(model_dir), dtype=dtype)
 
 

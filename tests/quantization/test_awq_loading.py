@@ -68,6 +68,21 @@ def test_logits_equal_the_float_model_of_the_dequantized_weights(awq_model_dir, 
     assert np.abs(want).max() > 0.1  # the comparison is not between near-zero logits
 
 
+@pytest.mark.parametrize("dtype, scales", [("float32", np.float16), ("bfloat16", "bfloat16"),
+                                           ("float16", np.float16)])
+def test_scales_are_held_in_the_activations_dtype_when_it_is_16_bit(awq_model_dir, dtype, scales):
+    """bf16 activations meet bf16 scales (the kernel's int4 -> bf16 path); float32 keeps the checkpoint's fp16. The
+    bf16 model's logits stay within bf16 rounding of the float32 model's."""
+    directory = awq_model_dir("llama3")
+    loaded = load_host_model(directory, dtype)
+    assert {getattr(layer, f).scales.dtype for layer in loaded.params.layers for f in FUSED} == {np.dtype(scales)}
+    if dtype == "bfloat16":
+        float_model = load_host_model(directory, "float32")
+        want = logits(float_model.config, jax.tree.map(jax.numpy.asarray, float_model.params))
+        got = logits(loaded.config, jax.tree.map(jax.numpy.asarray, loaded.params))
+        np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(want).max())
+
+
 def test_every_linear_agrees_with_an_independent_unpacker(awq_model_dir):
     """The loaded (repacked, fused) weights dequantize to exactly the oracle's W of each file tensor."""
     directory = awq_model_dir("llama3")
@@ -221,7 +236,7 @@ def test_fused_projections_must_be_quantized_alike(awq_model_dir, tmp_path):
 
     directory = copy_checkpoint(awq_model_dir("llama3"), tmp_path / "m", _set("modules_to_not_convert", ["q_proj"]),
                                 dense_q)
-    with pytest.raises(ModelLoadError, match="cannot fuse weights of different formats: AWQWeight, ndarray"):
+    with pytest.raises(ModelLoadError, match="cannot fuse weights of different formats: AWQWeight, dense"):
         load_host_model(directory)
 
 
