@@ -22,6 +22,7 @@ from pallas_kernels.awq_matmul import kernel as awq_kernel
 from pallas_kernels.awq_matmul.kernel import awq_partials_into, default_split_k
 from pallas_kernels.awq_matmul.layout import pack_rows, to_awq, unpack, unpack_rows
 from pallas_kernels.awq_matmul.testing import random_activations, random_awq_tensors, random_packed, relative_error
+from tests.cuda_lowering import lower_for_cuda
 
 COLUMN_OF_NIBBLE = [0, 2, 4, 6, 1, 3, 5, 7]
 BF16, F16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)
@@ -176,14 +177,6 @@ def test_default_split_k(m, k, n, expected):
 # ---------------------------------------------------------------------------------------------- CUDA lowering
 
 
-def lower_for_cuda(fn, *args) -> str:
-    """The StableHLO text of fn lowered for CUDA on this CPU-only machine. Since jax 0.11 the Pallas Triton lowering
-    asks for the target GPU: an abstract H200 (no device, nothing compiled) answers it; older jax needs none."""
-    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
-        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
 def awq_spec(k: int, n: int, group: int, scale_dtype=jnp.float16) -> AWQPacked:
     return AWQPacked(jax.ShapeDtypeStruct((k // 8, n), jnp.int32), jax.ShapeDtypeStruct((k // group, n), jnp.int8),
                      jax.ShapeDtypeStruct((k // group, n), scale_dtype))
@@ -199,7 +192,7 @@ def awq_spec(k: int, n: int, group: int, scale_dtype=jnp.float16) -> AWQPacked:
 ], ids=["qkv_bf16", "o_f16", "gate_up_bf16_fp16_scales", "down_bf16", "up_f32"])
 def test_kernels_lower_to_triton_at_llama3_8b_shapes(m, k, n, dtype, scale_dtype):
     """One Triton kernel each, dequantizing by the inline PTX exactly when the scales are in x's 16-bit dtype."""
-    text = lower_for_cuda(awq_matmul, jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128, scale_dtype))
+    text = lower_for_cuda(jax.jit(awq_matmul), jax.ShapeDtypeStruct((m, k), dtype), awq_spec(k, n, 128, scale_dtype))
     assert text.count("__gpu$xla.gpu.triton") == 1
     fast = dtype == scale_dtype and dtype != F32
     assert ("prmt.b32" in text) == fast

@@ -1,0 +1,143 @@
+"""The Llama-3-8B step compiled for an H200: the forward reads every weight where it lies, and the engine's
+programs (forward, sampler, prompt logprobs) compile in bfloat16, with int4 AWQ weights, with LoRA slots and over
+two devices.
+
+"Where it lies": no instruction of the compiled program writes a new array the shape of a weight (a weight sliced
+out of a layer stack, copied or converted before its GEMM would), no temporary buffer is as large as one weight,
+and the bytes the program's kernels move (deviceless.kernel_traffic, plus the K/V the attention reads) stay within
+1.15x of the weight and K/V bytes a batch-1 decode must read. The donated KV pool is aliased to the output.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxllm.benchmarks.model_presets import model_preset
+from jaxllm.engine.bucketing import Buckets, ProgramKey
+from jaxllm.engine.step_programs import StepPrograms
+from jaxllm.lora import device_slots
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, lora_weight, random_params
+from jaxllm.model import tensor_parallel as tp
+from jaxllm.model.awq_weight import AWQWeight
+from jaxllm.model.params import LINEAR_FIELDS
+from tests.compiled_hlo import kernel_traffic, materialized
+
+CONFIG = model_preset("llama3-8b")
+BLOCK = 16
+CONTEXT = 1024
+MAX_TRAFFIC_RATIO = 1.15
+
+
+def abstract_params(weights: str = "bf16"):
+    """The 8B model's params as abstract values: bfloat16, or with every linear as int4 AWQ (group 128)."""
+    params = jax.eval_shape(lambda: random_params(CONFIG, jax.random.key(0), jnp.bfloat16))
+    if weights == "awq":
+        def awq(w):
+            n, k = w.shape
+            return AWQWeight(qweight=jax.ShapeDtypeStruct((k // 8, n), jnp.int32),
+                             zeros=jax.ShapeDtypeStruct((k // 128, n), jnp.int8),
+                             scales=jax.ShapeDtypeStruct((k // 128, n), jnp.bfloat16))
+        params = params.map_layers(lambda layer: layer.replace(**{f: awq(getattr(layer, f)) for f in LINEAR_FIELDS}))
+    return params
+
+
+def placed(tree, sharding):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
+
+
+def decode_batch(batch_size: int):
+    """A decode step: batch_size sequences of CONTEXT tokens (the newest one computed now), blocks numbered from 1."""
+    per_seq = CONTEXT // BLOCK
+    chunks = [SequenceChunk([7], CONTEXT - 1, list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)))
+              for i in range(batch_size)]
+    return jax.tree.map(jnp.asarray, build_step_batch(chunks, BLOCK))
+
+
+def nbytes(tree) -> int:
+    return sum(a.size * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
+
+
+def matrix_shapes(params) -> set[tuple[int, ...]]:
+    """The shapes of every layer's weight matrices (and packed leaves), the arrays a copy would duplicate."""
+    return {tuple(a.shape) for a in jax.tree.leaves(params.layers) if len(a.shape) == 2}
+
+
+@pytest.mark.parametrize("weights", ["bf16", "awq"])
+def test_8b_batch1_decode_reads_each_weight_where_it_lies(h200, weights):
+    params = placed(abstract_params(weights), h200.replicated())
+    num_blocks = 1 + CONTEXT // BLOCK + 64
+    kv = placed(jax.eval_shape(lambda: init_kv_cache(CONFIG, num_blocks, BLOCK, jnp.bfloat16)), h200.replicated())
+    batch = placed(decode_batch(1), h200.replicated())
+    report = h200.compile(jit_forward(CONFIG, attention="pallas"), params, kv, batch, ptxas_reports=False)
+
+    assert materialized(report.hlo, matrix_shapes(params)) == []
+    smallest_weight = min(nbytes(getattr(layer, f)) for layer in params.layers for f in LINEAR_FIELDS)
+    assert report.memory.temp_size_in_bytes < smallest_weight, (report.memory.temp_size_in_bytes, smallest_weight)
+    assert report.memory.alias_size_in_bytes == nbytes(kv)  # the donated pool is updated in place
+
+    layer_bytes = nbytes(params.layers) + nbytes(params.final_norm)
+    kv_read = 2 * CONFIG.num_layers * CONTEXT * CONFIG.num_kv_heads * CONFIG.head_dim * 2  # K and V, bf16
+    embed_rows = len(batch.token_ids) * CONFIG.hidden_size * 2
+    moved = kernel_traffic(report.hlo, {tuple(kv.k.shape), tuple(params.embed.shape)}) + kv_read + embed_rows
+    ratio = moved / (layer_bytes + kv_read)
+    assert ratio <= MAX_TRAFFIC_RATIO, f"{moved / 1e9:.2f} GB moved for {(layer_bytes + kv_read) / 1e9:.2f} GB"
+    if weights == "awq":  # one dequant-matmul per linear per layer: the int4 weights are read by the kernel
+        assert len(report.kernels_named("awq_matmul")) == len(LINEAR_FIELDS) * CONFIG.num_layers
+
+
+def engine_programs(h200, *, lora: bool = False, weights: str = "bf16"):
+    """The engine's StepPrograms over the compile-only mesh, with the 8B params and pool split over it as the
+    runner places them (abstract), and the LoRA slots (4 adapters of rank 16) when asked for."""
+    mesh = h200.mesh
+    params = abstract_params(weights)
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
+                          tp.param_shardings(params, mesh))
+    kv = jax.eval_shape(lambda: tp.init_sharded_kv_cache(CONFIG, 2048, BLOCK, mesh, jnp.bfloat16))
+    slots = None
+    if lora:
+        slots = jax.eval_shape(lambda: device_slots.init_slots(CONFIG, 4, 16, jnp.bfloat16, mesh))
+    buckets = Buckets(max_num_batched_tokens=512, max_num_seqs=256, decode_only_programs=True)
+    programs = StepPrograms(CONFIG, "pallas", buckets, max_blocks_per_seq=512, mesh=mesh, lora_slots=slots)
+    return programs, params, kv
+
+
+def compile_program(h200, programs, key: ProgramKey, params, kv):
+    static = {"num_rows": key.size, "num_sample_rows": programs.buckets.num_sample_rows} \
+        if key.kind == "sample" else {}
+    return h200.compile(programs._jitted[key.kind], *programs.example_args(key, params, kv), ptxas_reports=False,
+                        **static)
+
+
+@pytest.mark.parametrize("key", [ProgramKey("forward", 1, decode_only=True), ProgramKey("forward", 512),
+                                 ProgramKey("sample", 256), ProgramKey("prompt_logprobs")], ids=str)
+def test_engine_programs_compile_at_8b(h200, key):
+    programs, params, kv = engine_programs(h200)
+    report = compile_program(h200, programs, key, params, kv)
+    if key.kind == "forward":
+        assert materialized(report.hlo, matrix_shapes(params)) == []
+        kernel = "split_kv_paged_attention" if key.decode_only else "ragged_paged_attention"
+        assert len(report.kernels_named(kernel)) == CONFIG.num_layers
+
+
+@pytest.mark.parametrize("weights", ["bf16", "awq"])
+def test_engine_forward_with_lora_slots_compiles_at_8b(h200, weights):
+    programs, params, kv = engine_programs(h200, lora=True, weights=weights)
+    report = compile_program(h200, programs, ProgramKey("forward", 1, decode_only=True), params, kv)
+    slot_shapes = {tuple(a.shape) for a in jax.tree.leaves(programs.lora_slots)}
+    assert materialized(report.hlo, matrix_shapes(params) | slot_shapes) == []
+    per_step = len(LINEAR_FIELDS) * CONFIG.num_layers  # a shrink and an expand per linear per layer
+    assert (len(report.kernels_named("lora_shrink")), len(report.kernels_named("lora_expand"))) == (per_step,
+                                                                                                    per_step)
+
+
+def test_tensor_parallel_forward_compiles_over_two_devices(h200x2):
+    programs, params, kv = engine_programs(h200x2)
+    report = compile_program(h200x2, programs, ProgramKey("forward", 1, decode_only=True), params, kv)
+    assert report.hlo.count(" all-reduce-start(") + report.hlo.count(" all-reduce(") == 2 * CONFIG.num_layers
+    local_shapes = {tuple(a.sharding.shard_shape(a.shape)) for a in jax.tree.leaves(params.layers)
+                    if len(a.shape) == 2}  # what one device holds
+    assert materialized(report.hlo, local_shapes) == []
+    np.testing.assert_equal(len(report.kernels_named("split_kv_paged_attention")), CONFIG.num_layers)
