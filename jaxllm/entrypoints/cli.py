@@ -16,24 +16,27 @@ unless given."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxllm.optional_deps import MissingDependencyError
+
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
+            if args.server_unavailable is not None:
+                raise args.server_unavailable
             from jaxllm.entrypoints.openai.api_server import run_server
 
             return run_server(args)
         if args.command == "quantize":
             return _quantize(args)
         return _generate(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
-        print(f"jaxllm: error: {e}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, MissingDependencyError) as e:  # bad input or a missing package: one
+        print(f"jaxllm: error: {e}", file=sys.stderr)                      # clear line, no traceback
         return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     """`jaxllm generate` and `jaxllm serve`; both take every EngineArgs field as a flag (add_engine_args)."""
     from jaxllm.engine.arg_utils import add_engine_args
-    from jaxllm.entrypoints.openai.api_server import add_serve_args
 
     parser = argparse.ArgumentParser(prog="jaxllm", description="LLM inference in JAX")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -49,12 +52,29 @@ def build_parser() -> argparse.ArgumentParser:
     # generate's own defaults: a context that compiles quickly, and one batch slot per prompt (None: set in
     # _generate from the number of prompts)
     gen.set_defaults(max_model_len=2048, max_num_seqs=None)
-    add_serve_args(commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API"))
+    _add_serve_command(commands)
     from jaxllm.quantization.command import QUANTIZE_DESCRIPTION, add_quantize_args
 
     add_quantize_args(commands.add_parser("quantize", help="write an AWQ int4 checkpoint of a model",
                                           description=QUANTIZE_DESCRIPTION))
     return parser
+
+
+def _add_serve_command(commands) -> None:
+    """`jaxllm serve` with the server's flags; without the server's packages (fastapi, uvicorn), a command that
+    takes any arguments and says which package to install, so that `generate` and `quantize` still work."""
+    from jaxllm.optional_deps import MissingDependencyError
+
+    try:
+        from jaxllm.entrypoints.openai.api_server import add_serve_args
+    except MissingDependencyError as e:
+        serve = commands.add_parser("serve", help=f"serve the OpenAI-compatible HTTP API (needs `{e.name}`)",
+                                    prefix_chars="\0")  # no flags: every argument, --help too, lands in `ignored`
+        serve.add_argument("ignored", nargs="*")
+        serve.set_defaults(server_unavailable=e)
+        return
+    serve = add_serve_args(commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API"))
+    serve.set_defaults(server_unavailable=None)
 
 
 def _generate(args) -> int:

@@ -1,22 +1,28 @@
-"""GGUF files (llama.cpp): metadata -> ModelConfig, tensors dequantized to numpy, Q/K rope permutation undone."""
+"""GGUF files (llama.cpp): metadata -> ModelConfig, tensors dequantized to numpy, Q/K rope permutation undone.
+
+The `gguf` package is imported when a file is opened (open_gguf), not with this module: `import jaxllm` and every
+other loader work without it, and reading a GGUF without it raises MissingDependencyError naming the package.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
-from gguf.quants import dequantize
 
 from jaxllm.config import ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.assemble import assemble_params, tensor_field
 from jaxllm.model.params import LlamaParams
+from jaxllm.optional_deps import GGUF, require
 
-Q = GGMLQuantizationType
-SUPPORTED_TENSOR_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K}
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+
+# GGMLQuantizationType names (compared by name, so that this module imports without the gguf package)
+SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> jaxllm family
 
 _GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
@@ -42,8 +48,9 @@ def open_gguf(path: Path) -> GGUFReader:
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if _last_opened is not None and _last_opened[0] == key:
         return _last_opened[1]
+    gguf = require("gguf", GGUF)
     try:
-        reader = GGUFReader(str(path))
+        reader = gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad or short files
         raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from e
     _last_opened = (key, reader)
@@ -90,6 +97,8 @@ def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaPar
 
 
 def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
+    from gguf.quants import dequantize  # the reader came from open_gguf, so the package is there
+
     permute_qk = _arch(reader) == "llama"  # llama.cpp's converter reorders Q/K rows only for this architecture
     for tensor in reader.tensors:
         field, layer = tensor_field(tensor.name, _GLOBAL_NAMES, _LAYER_RE, _LAYER_NAMES)
@@ -97,9 +106,9 @@ def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tu
             if tensor.name == "rope_freqs.weight":
                 raise ModelLoadError(path, "rope_freqs.weight (GGUF rope frequency factors) is not supported")
             raise ModelLoadError(path, f"unexpected tensor {tensor.name!r}")
-        if tensor.tensor_type not in SUPPORTED_TENSOR_TYPES:
+        if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
             raise ModelLoadError(path, f"tensor {tensor.name!r} has unsupported GGUF type {tensor.tensor_type.name}; "
-                                 f"supported: {', '.join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))}")
+                                 f"supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))}")
         try:
             array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         except Exception as e:

@@ -17,10 +17,17 @@ import sys
 from contextlib import asynccontextmanager
 from typing import Sequence
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from jaxllm.optional_deps import SERVER, require
+
+try:  # the server's own packages; the engine, `LLM` and `jaxllm generate` need neither
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError:
+    require("fastapi", SERVER)  # a missing package: MissingDependencyError naming it and the pip command
+    require("starlette", SERVER, "fastapi")
+    raise  # both there: something else failed, shown as it is
 
 import jaxllm
 from jaxllm.entrypoints.openai.async_engine import DEFAULT_STALL_TIMEOUT_S, AsyncEngine
@@ -277,7 +284,7 @@ async def _detokenize(serving: ChatServing, request: DetokenizeRequest) -> dict:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    import uvicorn
+    uvicorn = require("uvicorn", SERVER)
 
     import jax
 
