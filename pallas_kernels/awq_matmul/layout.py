@@ -38,7 +38,7 @@ casts them once with `with_scale_dtype(packed, activation dtype)`: each scale is
 (a relative change of at most 2^-9), and each weight (q - z) * s is then rounded to bf16 as before. Scales left in
 fp16 still give bf16 activations correct results, through that float32 path.
 
-Every leaf may carry leading axes (layers stacked [L, ...] for lax.scan); the kernels take one layer's leaves.
+Leaves may carry leading axes (host-side helpers batch over them); the kernels take one layer's 2-D leaves.
 """
 
 from __future__ import annotations
