@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 from jaxllm.benchmarks.model_presets import model_preset  # noqa: E402
 from jaxllm.config import ModelConfig  # noqa: E402
 from jaxllm.loaders import load_model  # noqa: E402
-from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward  # noqa: E402
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, select_kernels  # noqa: E402
 from jaxllm.model.params import LINEAR_FIELDS, abstract_params, param_bytes  # noqa: E402
 from jaxllm.quantization.rtn_params import rtn_awq_params  # noqa: E402
 
@@ -79,7 +79,7 @@ def steps(config: ModelConfig) -> dict:
 
 
 def time_steps(config: ModelConfig, variants: dict, repeats: int) -> list[dict]:
-    forward = jit_forward(config, attention="reference")
+    forward = jit_forward(config, select_kernels("reference"))
     num_blocks = 1 + 64 * (CONTEXT // BLOCK)
     rows = []
     for name, chunks in steps(config).items():

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxllm.benchmarks.datasets import mixed_lengths
 from jaxllm.llm import LLM
-from jaxllm.model.attention import resolve_attention
+from jaxllm.model.kernels import resolve_attention
 from jaxllm.model.params import params_dtype
 from jaxllm.sampling_params import SamplingParams
 

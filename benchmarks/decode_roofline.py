@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from unittest import mock
 
 import jax.numpy as jnp
 from core_forward import BLOCK_SIZE, decode_batch
@@ -26,10 +27,13 @@ from core_forward import BLOCK_SIZE, decode_batch
 from jaxllm.benchmarks.harness import format_table, measure_ceiling, time_jitted
 from jaxllm.benchmarks.model_flops import decode_step_flops
 from jaxllm.loaders import load_model
-from jaxllm.model import forward, init_kv_cache
-from jaxllm.model.attention import ATTENTION_BACKENDS
+from jaxllm.model import forward, init_kv_cache, llama, select_kernels
 
-ATTENTION_BACKENDS["identity (no attention)"] = lambda q, k_pool, v_pool, layer, batch, sm_scale: q
+NO_ATTENTION = "identity (no attention)"
+
+
+def identity_attention(kernels, q, k_pool, v_pool, layer, batch, sm_scale):
+    return q
 
 
 def decode_inputs(config, batch_size: int, context: int, dtype):
@@ -56,13 +60,15 @@ def main():
     rows = []
     for batch_size in args.batch_sizes:
         kv, batch = decode_inputs(loaded.config, batch_size, args.context, jnp.dtype(args.dtype))
-        for attention in (*args.attention, "identity (no attention)"):
-            step = functools.partial(forward, config=loaded.config, attention=attention)
-            timing = time_jitted(step, loaded.params, kv, batch, name=f"b{batch_size} {attention}",
-                                 iters=args.iters)
+        for attention in (*args.attention, NO_ATTENTION):
+            kernels = select_kernels("reference" if attention == NO_ATTENTION else attention)
+            step = functools.partial(forward, config=loaded.config, kernels=kernels)
+            with mock.patch.object(llama, "attend", identity_attention if attention == NO_ATTENTION else llama.attend):
+                timing = time_jitted(step, loaded.params, kv, batch, name=f"b{batch_size} {attention}",
+                                     iters=args.iters)
             pool_copy_s = 2 * (kv.k.nbytes + kv.v.nbytes) / ceiling.copy_bytes_per_s  # read + written
             step_s = timing.median_s - pool_copy_s
-            flops = decode_step_flops(loaded.config, batch_size, args.context, with_attention=attention != "identity (no attention)")
+            flops = decode_step_flops(loaded.config, batch_size, args.context, with_attention=attention != NO_ATTENTION)
             row = {"step": timing.name, "median_ms": timing.median_s * 1e3, "p10_ms": timing.p10_s * 1e3,
                    "p90_ms": timing.p90_s * 1e3, "pool_copy_ms (est.)": pool_copy_s * 1e3,
                    "step_ms (net)": step_s * 1e3, "model_gflop": flops / 1e9,

@@ -96,7 +96,7 @@ from jaxllm.config import ModelConfig  # noqa: E402
 from jaxllm.engine.args import EngineArgs  # noqa: E402
 from jaxllm.engine.engine import LLMEngine  # noqa: E402
 from jaxllm.loaders import LoadedModel  # noqa: E402
-from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward  # noqa: E402
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, select_kernels  # noqa: E402
 from jaxllm.model.params import param_bytes  # noqa: E402
 from jaxllm.sampling_params import SamplingParams  # noqa: E402
 
@@ -284,7 +284,7 @@ def decode_row(profile: Profile, params, context: int, compiler_options: dict | 
                                            BLOCK_SIZE))
     cache = init_kv_cache(config, blocks + 1, BLOCK_SIZE, jnp.bfloat16)  # block 0 is the null block
     start = time.perf_counter()
-    compiled = jit_forward(config, attention="pallas").lower(params, cache, step).compile(compiler_options)
+    compiled = jit_forward(config, select_kernels("pallas")).lower(params, cache, step).compile(compiler_options)
     compile_s = time.perf_counter() - start
     log(f"  compiled the {config.num_layers}-layer decode step in {compile_s:.1f} s")
     waited_s, pipelined_s = time_decode_steps(compiled, params, cache, step, profile.goal_steps)

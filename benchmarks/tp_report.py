@@ -44,6 +44,7 @@ from jaxllm.engine.step_programs import StepPrograms  # noqa: E402
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params  # noqa: E402
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
 from jaxllm.model.params import abstract_params  # noqa: E402
+from jaxllm.model.kernels import REFERENCE  # noqa: E402
 
 SIZES = (1, 2, 4, 8)
 BLOCK_SIZE = 16
@@ -163,7 +164,7 @@ def collective_rows(params, steps: dict) -> list[dict]:
         mesh = tp.make_mesh(n)
         placed = tp.shard_params(params, SMALL, mesh)
         kv = tp.init_sharded_kv_cache(SMALL, 8, BLOCK_SIZE, mesh)
-        programs = StepPrograms(SMALL, "reference", LargestBuckets(64, 8), max_blocks_per_seq=8, mesh=mesh)
+        programs = StepPrograms(SMALL, REFERENCE, LargestBuckets(64, 8), max_blocks_per_seq=8, mesh=mesh)
         programs.compile_all(placed, kv)
         texts = {"sharded step (jit_sharded_forward)": steps[n]}
         texts.update({f"engine {key}": program.as_text() for key, program in sorted(programs.compiled.items())})

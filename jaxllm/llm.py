@@ -18,9 +18,9 @@ class LLM:
 
     Arguments are EngineArgs fields: model (None: the default model), dtype, max_model_len, max_num_seqs,
     max_num_batched_tokens, block_size, num_gpu_blocks, gpu_memory_utilization, kv_cache_memory_bytes,
-    enable_prefix_caching, enable_chunked_prefill, scheduling_policy, seed, attention, warmup, async_scheduling,
-    compilation_cache_dir, skip_tokenizer, tensor_parallel_size, enable_lora, max_loras, max_lora_rank,
-    max_cpu_loras (see jaxllm.engine.args.EngineArgs).
+    enable_prefix_caching, enable_chunked_prefill, scheduling_policy, seed, attention, awq_matmul, lora_matmul,
+    warmup, async_scheduling, compilation_cache_dir, skip_tokenizer, tensor_parallel_size, enable_lora, max_loras,
+    max_lora_rank, max_cpu_loras (see jaxllm.engine.args.EngineArgs).
     """
 
     def __init__(self, model: str | None = None, **engine_args):

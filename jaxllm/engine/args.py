@@ -21,7 +21,7 @@ from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine import distributed
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.loaders.awq import check_quantization_name
-from jaxllm.model.attention import ATTENTION_BACKENDS
+from jaxllm.model import kernels
 from jaxllm.model.kv_cache import kv_cache_bytes
 from jaxllm.model.params import param_bytes_per_device, params_dtype
 from jaxllm.model.tensor_parallel import kv_heads_per_device
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 ACTIVATION_RESERVE_FRACTION = 0.1  # of the GPU memory budget, kept for activations and XLA workspace
 DTYPE_CHOICES = ("auto", *DTYPES)
-ATTENTION_CHOICES = ("auto", *sorted(ATTENTION_BACKENDS))
+ATTENTION_CHOICES = ("auto", *kernels.CHOICES["attention"])
 SCHEDULING_POLICIES = ("fcfs", "priority")  # SchedulerConfig.policy's values
 # XLA's GPU allocator may use this fraction of the device's memory unless an environment variable says otherwise
 XLA_DEFAULT_MEM_FRACTION = 0.75
@@ -77,6 +77,10 @@ class EngineArgs:
     attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, else cpu (the native "
                                           "kernel, built at first use) or reference where it cannot be built",
                           ATTENTION_CHOICES)
+    awq_matmul: str = _arg("auto", "int4 AWQ matmul implementation; auto: pallas on a GPU, else reference (jnp)",
+                           ("auto", *kernels.CHOICES["awq_matmul"]))
+    lora_matmul: str = _arg("auto", "LoRA delta implementation; auto: pallas on a GPU, else reference (jnp)",
+                            ("auto", *kernels.CHOICES["lora_matmul"]))
     warmup: bool = _arg(False, "build every step program before serving, so that no request waits for a compile")
     async_scheduling: bool = _arg(True, "dispatch each engine step before the previous one's tokens are back "
                                         "(outputs unchanged)")
@@ -169,7 +173,7 @@ class EngineArgs:
         per_block = self._kv_block_bytes_per_device(loaded)
         if self.kv_cache_memory_bytes is not None:
             budget = self.kv_cache_memory_bytes
-        elif jax.default_backend() == "gpu":
+        elif kernels.on_gpu():
             budget = self._gpu_budget(loaded, per_block)
         else:
             needed = per_block * (1 + self.max_num_seqs * -(-max_model_len // self.block_size))

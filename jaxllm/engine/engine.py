@@ -33,6 +33,7 @@ from jaxllm.engine.runner import InflightStep, ModelRunner
 from jaxllm.engine.scheduler import Scheduler, SchedulerOutput
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.lora.request import LoRARequest
+from jaxllm.model.kernels import select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
@@ -63,9 +64,9 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
         self.lora = _lora_manager(args, self.loaded)  # None unless enable_lora
+        kernels = select_kernels(args.attention, args.awq_matmul, args.lora_matmul)
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
-                                  attention=args.attention, eos_token_ids=self.eos_token_ids, mesh=self.mesh,
-                                  lora=self.lora)
+                                  kernels=kernels, eos_token_ids=self.eos_token_ids, mesh=self.mesh, lora=self.lora)
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
                                    self.lora)

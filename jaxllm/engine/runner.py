@@ -32,7 +32,7 @@ from jaxllm.lora import device_slots
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.model import init_kv_cache
 from jaxllm.model.tensor_parallel import init_sharded_kv_cache
-from jaxllm.model.attention import resolve_attention
+from jaxllm.model.kernels import Kernels, select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
 from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch, neutral_adjustments
@@ -69,11 +69,13 @@ class InflightStep:
 
 class ModelRunner:
     def __init__(self, loaded, cache: CacheConfig, scheduler: SchedulerConfig, *, seed: int = 0,
-                 attention: str = "auto", eos_token_ids: tuple[int, ...] = (), mesh: Mesh | None = None,
+                 kernels: Kernels | None = None, eos_token_ids: tuple[int, ...] = (), mesh: Mesh | None = None,
                  lora: LoRAManager | None = None):
         """`mesh`: None, or the tensor-parallel mesh loaded.params are split over (tensor_parallel.shard_params);
         the KV pool is then split over it too. `lora`: None, or the adapters' manager (LoRA enabled): the runner
-        then holds its max_loras device slots."""
+        then holds its max_loras device slots. `kernels`: the implementation of each custom operation
+        (model/kernels.py); None: each one's "auto" choice."""
+        self.kernels = select_kernels() if kernels is None else kernels
         self.config = loaded.config
         self.mesh = mesh
         self.params = loaded.params
@@ -81,14 +83,14 @@ class ModelRunner:
         self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, dtype) if mesh is None else \
             init_sharded_kv_cache(self.config, cache.num_blocks, cache.block_size, mesh, dtype)
         self.buckets = Buckets(scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
-                               decode_only_programs=resolve_attention(attention) == "pallas")
+                               decode_only_programs=self.kernels.attention == "pallas")
         self.inputs = InputBatch(self.buckets, cache.block_size, scheduler.max_model_len, self.config.vocab_size,
                                  base_seed=seed, eos_token_ids=eos_token_ids, lora=lora is not None)
         self.lora = lora
         self.lora_slots = None if lora is None else device_slots.init_slots(
             self.config, lora.max_loras, lora.max_lora_rank, dtype, mesh)
         self._write_slot = None if lora is None else device_slots.slot_writer(mesh, self.config.num_layers)
-        self.programs = StepPrograms(self.config, attention, self.buckets, self.inputs.max_blocks, mesh,
+        self.programs = StepPrograms(self.config, self.kernels, self.buckets, self.inputs.max_blocks, mesh,
                                      lora_slots=_abstract_placed(self.lora_slots))
         self._neutral: dict[int, LogitAdjustments] = {}  # per S bucket, on the device: "no adjustments"
         self._next_tokens = jax.device_put(np.zeros(self.buckets.num_sample_rows, np.int32))  # last step's samples

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxllm.config import ModelConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
+from jaxllm.model.kernels import Kernels
 from jaxllm.model.tensor_parallel import sharded_forward_hidden
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import sample
@@ -39,14 +40,14 @@ from jaxllm.sampling_params import MAX_LOGPROBS
 logger = logging.getLogger(__name__)
 
 
-def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, config, attention, mesh):
+def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, config, kernels: Kernels, mesh):
     tokens = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], batch.token_ids)  # [T]
     batch = batch.replace(token_ids=tokens)
     if lora is not None:
         params = lora_weight.attach(params, lora, batch.lora_slots)
     if mesh is None:
-        return forward_hidden(params, kv, batch, config=config, attention=attention)
-    return sharded_forward_hidden(params, kv, batch, config=config, mesh=mesh, attention=attention)
+        return forward_hidden(params, kv, batch, config=config, kernels=kernels)
+    return sharded_forward_hidden(params, kv, batch, config=config, mesh=mesh, kernels=kernels)
 
 
 def _logits(params, hidden, vocab_size: int, replicated: NamedSharding | None) -> jax.Array:
@@ -75,7 +76,7 @@ class StepPrograms:
     """`mesh`: None, or the tensor-parallel mesh the params and the pool are split over (tensor_parallel.py); the
     programs' other inputs are then replicated over it."""
 
-    def __init__(self, config: ModelConfig, attention: str, buckets: Buckets, max_blocks_per_seq: int,
+    def __init__(self, config: ModelConfig, kernels: Kernels, buckets: Buckets, max_blocks_per_seq: int,
                  mesh: Mesh | None = None, lora_slots=None):
         """lora_slots: None, or the adapters' device slots (their shapes are the programs' lora argument)."""
         self.config = config
@@ -85,7 +86,7 @@ class StepPrograms:
         self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
         vocab = config.vocab_size
         self._jitted = {
-            "forward": jax.jit(functools.partial(_forward, config=config, attention=attention, mesh=mesh),
+            "forward": jax.jit(functools.partial(_forward, config=config, kernels=kernels, mesh=mesh),
                                donate_argnums=(1,)),
             "sample": jax.jit(functools.partial(_sample, vocab_size=vocab, replicated=self._replicated),
                               static_argnames=("num_rows", "num_sample_rows")),

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Callable
 
-import jax
 from jax.sharding import Mesh
 
 from jaxllm.config import ModelConfig
@@ -23,6 +22,7 @@ from jaxllm.loaders.orbax import load_checkpoint, save_checkpoint
 from jaxllm.loaders.place import place_params
 from jaxllm.loaders.resolve import ModelSource, resolve_model
 from jaxllm.loaders.safetensors import load_hf_dir
+from jaxllm.model.kernels import on_gpu
 from jaxllm.model.params import LlamaParams
 
 
@@ -57,7 +57,7 @@ def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto",
         raise ModelLoadError(source.path, f"quantization={quantization!r} reads AutoAWQ checkpoints, which are "
                              f"Hugging Face directories; this is a {source.kind} model")
     if dtype == "auto" and source.kind != "orbax":
-        dtype = auto_dtype(source) if jax.default_backend() == "gpu" else "float32"
+        dtype = auto_dtype(source) if on_gpu() else "float32"
     if source.kind == "orbax":
         config, params = load_checkpoint(source.path, None if dtype == "auto" else dtype)
     elif source.kind == "gguf":

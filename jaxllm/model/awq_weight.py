@@ -11,7 +11,7 @@ leaf and the input axis K the one before it:
 So selecting output rows (the tensor-parallel layout, fused q|k|v per KV head group) indexes the last axis, fusing
 concatenates on it, and a row-parallel split of K splits the word and group axes (tensor_parallel refuses sizes
 where a group of G rows would straddle two devices). The leaves stay packed on the device; `dot` runs the Pallas
-dequantize-matmul kernel on a GPU and its plain-jnp reference elsewhere (the CPU path).
+dequantize-matmul kernel or its plain-jnp reference, as Kernels.awq_matmul says (model/kernels.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from jaxllm.model.kernels import Kernels
 from jaxllm.model.weights import Axes, WeightFormat
 from pallas_kernels.awq_matmul import AWQPacked, awq_matmul, awq_matmul_reference
 
@@ -45,10 +46,10 @@ class AWQWeight(WeightFormat):
     def group_size(self) -> int:
         return self.packed.group_size
 
-    def dot(self, x: jax.Array) -> jax.Array:
+    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
         """x [..., K] -> x @ W.T [..., N] float32; one layer's leaves (no [L] axis)."""
-        if use_kernel():
-            return awq_matmul(x, self.packed)
+        if kernels.awq_matmul == "pallas":
+            return awq_matmul(x, self.packed, interpret=kernels.interpret)
         return awq_matmul_reference(x, self.packed)
 
     def take_rows(self, index: np.ndarray, axis: int) -> AWQWeight:
@@ -63,7 +64,3 @@ class AWQWeight(WeightFormat):
         leaf = (*lead, columns, rows)  # every leaf is [..., K/8 or K/G, N]
         return AWQWeight(qweight=leaf, zeros=leaf, scales=leaf)
 
-
-def use_kernel() -> bool:
-    """The Pallas kernel on a GPU; the jnp reference elsewhere (interpret mode would be far too slow for a model)."""
-    return jax.default_backend() == "gpu"

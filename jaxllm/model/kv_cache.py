@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxllm.config import ModelConfig
-from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv, cpu_write_kv_error
+from jaxllm.model.kernels import REFERENCE, Kernels
+from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv
 
 NULL_BLOCK = 0
 
@@ -44,9 +45,12 @@ def write_kv(
     slot_mapping: jax.Array,  # [T] int32
     k: jax.Array,  # [T, Hkv, D]
     v: jax.Array,  # [T, Hkv, D]
+    kernels: Kernels = REFERENCE,
 ) -> tuple[jax.Array, jax.Array]:
-    """Scatter each token's K/V to its slot (in place when the pool is a donated or loop-carried buffer)."""
-    if _native_write(k_pool.dtype):
+    """Scatter each token's K/V to its slot (in place when the pool is a donated or loop-carried buffer), with the
+    native write where `kernels` chose it and the pool is bfloat16: XLA:CPU has no bfloat16 scatter (it converts the
+    whole pool to float32 and back around one, in every layer of every step: seconds per step)."""
+    if kernels.kv_write == "cpu" and jnp.dtype(k_pool.dtype) == jnp.bfloat16:
         return cpu_write_kv(k_pool, v_pool, layer, slot_mapping, k, v)
     block_size = k_pool.shape[3]
     block, offset = slot_mapping // block_size, slot_mapping % block_size
@@ -54,9 +58,3 @@ def write_kv(
     v_pool = v_pool.at[layer, block, :, offset].set(v.astype(v_pool.dtype))
     return k_pool, v_pool
 
-
-def _native_write(dtype) -> bool:
-    """XLA:CPU has no bfloat16 scatter: it converts the whole pool to float32 and back around one, in every layer
-    of every step (seconds per step). There the native write (cpu_kv_write.cc) copies the rows in place instead,
-    where it can be built (elsewhere the slow scatter stays: correct)."""
-    return jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.bfloat16 and cpu_write_kv_error() is None

@@ -11,12 +11,13 @@ import numpy as np
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import weights
+from jaxllm.model.kernels import REFERENCE, Kernels
 
 
-def linear(x: jax.Array, w: Any, b: jax.Array | None = None) -> jax.Array:
+def linear(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE) -> jax.Array:
     """x [..., K] @ w[N, K].T (+ b [N]) -> [..., N] in x.dtype, accumulated in float32. `w` is any weight format
     (weights.py: a dense array, or a WeightFormat that does its own dot); the layers never look at it."""
-    y = weights.dot(x, w)
+    y = weights.dot(x, w, kernels)
     if b is not None:
         y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)
@@ -29,10 +30,10 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
-def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any) -> jax.Array:
+def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE) -> jax.Array:
     """down(silu(gate(x)) * up(x)); x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]."""
-    gate, up = jnp.split(linear(x, w_gate_up), 2, axis=-1)  # [T, F] each
-    return linear(jax.nn.silu(gate) * up, w_down)
+    gate, up = jnp.split(linear(x, w_gate_up, kernels=kernels), 2, axis=-1)  # [T, F] each
+    return linear(jax.nn.silu(gate) * up, w_down, kernels=kernels)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxllm.config import ModelConfig
-from jaxllm.model.attention import get_attention
+from jaxllm.model.attention import attend
+from jaxllm.model.kernels import REFERENCE, Kernels, select_kernels
 from jaxllm.model.kv_cache import KVCache, write_kv
 from jaxllm.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq, swiglu
 from jaxllm.model.params import LayerParams, LlamaParams
@@ -26,10 +27,10 @@ def forward(
     batch: StepBatch,
     *,
     config: ModelConfig,
-    attention: str = "reference",
+    kernels: Kernels = REFERENCE,
 ) -> tuple[jax.Array, KVCache]:
     """Returns (logits [R, V] float32 at batch.logits_indices, kv_cache with this step's K/V written)."""
-    hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, attention=attention)
+    hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, kernels=kernels)
     return compute_logits(params, hidden), kv_cache
 
 
@@ -39,12 +40,13 @@ def forward_hidden(
     batch: StepBatch,
     *,
     config: ModelConfig,
-    attention: str = "reference",
+    kernels: Kernels = REFERENCE,
     reduce: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Returns (final-normed hidden states [R, H] at batch.logits_indices, kv_cache with this step's K/V written).
 
     The engine runs this as its forward program and computes logits in its sampler program, for the rows it samples.
+    `kernels` names the implementation of attention, the KV write and the weight formats' matmuls (kernels.py).
     `reduce` sums the partial outputs of the row-parallel projections (wo, w_down) when params hold one device's
     share of the heads and MLP columns (tensor_parallel.py); None: the params are whole.
     """
@@ -56,7 +58,7 @@ def forward_hidden(
     # A Python loop over the layers' own arrays: the program reads each weight where it lies (a scan over [L, ...]
     # stacks would copy every layer's weights out of them at every step). The layer is one jitted function called
     # L times, so it is traced and lowered once (XLA inlines the calls): 7x less tracing than an inline loop body.
-    layer_step = jax.jit(functools.partial(_layer, config=config, attention=attention, reduce=reduce))
+    layer_step = jax.jit(functools.partial(_layer, config=config, kernels=kernels, reduce=reduce))
     for layer, lp in enumerate(params.layers):
         x, k_pool, v_pool = layer_step(x, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch)
 
@@ -65,16 +67,16 @@ def forward_hidden(
 
 
 def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, *, config: ModelConfig,
-           attention: str, reduce: Callable[[jax.Array], jax.Array]):
+           kernels: Kernels, reduce: Callable[[jax.Array], jax.Array]):
     """One decoder layer: x [T, H] -> x [T, H], this step's K/V written into the pools' layer `layer`."""
     h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
-    q, k, v = _qkv(h, lp, config)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+    q, k, v = _qkv(h, lp, config, kernels)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v)
-    attn = get_attention(attention)(q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
-    x = x + reduce(linear(attn.reshape(x.shape[0], -1), lp.wo))
+    k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v, kernels)
+    attn = attend(kernels, q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
+    x = x + reduce(linear(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels))
     h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
-    x = x + reduce(swiglu(h, lp.w_gate_up, lp.w_down))
+    x = x + reduce(swiglu(h, lp.w_gate_up, lp.w_down, kernels))
     return x, k_pool, v_pool
 
 
@@ -91,13 +93,15 @@ def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | Non
     return logits if vocab_size is None or vocab_size == logits.shape[1] else logits[:, :vocab_size]
 
 
-def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig):
+def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels):
     t, d = h.shape[0], config.head_dim
-    qkv = linear(h, lp.w_qkv, lp.b_qkv)  # [T, (Hq + 2*Hkv)*D]
+    qkv = linear(h, lp.w_qkv, lp.b_qkv, kernels)  # [T, (Hq + 2*Hkv)*D]
     q, k, v = jnp.split(qkv, [config.num_heads * d, (config.num_heads + config.num_kv_heads) * d], axis=-1)
     return q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
 
 
-def jit_forward(config: ModelConfig, attention: str = "auto"):
-    """The jitted step: forward(params, kv_cache, batch) with the cache donated (updated in place)."""
-    return jax.jit(functools.partial(forward, config=config, attention=attention), donate_argnums=(1,))
+def jit_forward(config: ModelConfig, kernels: Kernels | None = None):
+    """The jitted step: forward(params, kv_cache, batch) with the cache donated (updated in place); kernels None:
+    each operation's "auto" choice (select_kernels())."""
+    kernels = select_kernels() if kernels is None else kernels
+    return jax.jit(functools.partial(forward, config=config, kernels=kernels), donate_argnums=(1,))

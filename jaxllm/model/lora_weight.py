@@ -22,8 +22,9 @@ import jax
 import numpy as np
 
 from jaxllm.model import weights
+from jaxllm.model.kernels import Kernels
 from jaxllm.model.weights import Axes, WeightFormat
-from pallas_kernels.lora import lora_delta_reference
+from pallas_kernels.lora import lora_delta, lora_delta_reference
 
 
 class LoRAWeight(WeightFormat):
@@ -36,9 +37,9 @@ class LoRAWeight(WeightFormat):
     def shape(self) -> tuple[int, ...]:
         return self.base.shape
 
-    def dot(self, x: jax.Array) -> jax.Array:
+    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
         """x [T, K] -> [T, N] float32."""
-        return weights.dot(x, self.base) + lora_delta(x, self.a, self.b, self.token_slots)
+        return weights.dot(x, self.base, kernels) + _delta(x, self.a, self.b, self.token_slots, kernels)
 
     def take_rows(self, index: np.ndarray, axis: int) -> LoRAWeight:
         return self.replace(base=weights.take_rows(self.base, index, axis),
@@ -50,12 +51,10 @@ class LoRAWeight(WeightFormat):
                           token_slots=(None,))
 
 
-def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, token_slots: jax.Array) -> jax.Array:
-    """[T, N] float32: the Pallas kernel on a GPU, the jnp reference elsewhere."""
-    if jax.default_backend() == "gpu":
-        from pallas_kernels.lora import lora_delta as kernel
-
-        return kernel(x, a, b, token_slots)
+def _delta(x: jax.Array, a: jax.Array, b: jax.Array, token_slots: jax.Array, kernels: Kernels) -> jax.Array:
+    """[T, N] float32: the Pallas kernel or the jnp reference, as Kernels.lora_matmul says."""
+    if kernels.lora_matmul == "pallas":
+        return lora_delta(x, a, b, token_slots, interpret=kernels.interpret)
     return lora_delta_reference(x, a, b, token_slots)
 
 

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import weights
+from jaxllm.model.kernels import REFERENCE, Kernels
 from jaxllm.model.kv_cache import KVCache
 from jaxllm.model.llama import compute_logits, forward_hidden
 from jaxllm.model.params import LayerParams, LlamaParams
@@ -187,7 +188,7 @@ def init_sharded_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
 
 # ------------------------------------------------------------------------------------------ the forward
 def sharded_forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig,
-                           mesh: Mesh, attention: str = "reference") -> tuple[jax.Array, KVCache]:
+                           mesh: Mesh, kernels: Kernels = REFERENCE) -> tuple[jax.Array, KVCache]:
     """forward_hidden() over the mesh: (hidden [R, H], replicated; kv_cache, split on its head axis). Params from
     shard_params, the pool from init_sharded_kv_cache; the batch is replicated."""
     param_specs = jax.tree.map(lambda s: s.spec, param_shardings(params, mesh))
@@ -200,17 +201,17 @@ def sharded_forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBa
     @functools.partial(jax.shard_map, mesh=mesh, in_specs=(param_specs, kv_specs, batch_specs),
                        out_specs=(P(), kv_specs), check_vma=False)
     def step(local_params, local_kv, batch):
-        return forward_hidden(local_params, local_kv, batch, config=per_device, attention=attention,
+        return forward_hidden(local_params, local_kv, batch, config=per_device, kernels=kernels,
                               reduce=_all_reduce)
 
     return step(params, kv_cache, batch)
 
 
 def sharded_forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig, mesh: Mesh,
-                    attention: str = "reference") -> tuple[jax.Array, KVCache]:
+                    kernels: Kernels = REFERENCE) -> tuple[jax.Array, KVCache]:
     """forward() over the mesh: (logits [R, V] float32, kv_cache). The LM head's vocabulary shards are joined by
     XLA (the logits are computed per shard, then gathered)."""
-    hidden, kv_cache = sharded_forward_hidden(params, kv_cache, batch, config=config, mesh=mesh, attention=attention)
+    hidden, kv_cache = sharded_forward_hidden(params, kv_cache, batch, config=config, mesh=mesh, kernels=kernels)
     return compute_logits(params, hidden, config.vocab_size), kv_cache
 
 
@@ -219,7 +220,7 @@ def _all_reduce(partial: jax.Array) -> jax.Array:
     return jax.lax.psum(partial.astype(jnp.float32), TP_AXIS).astype(partial.dtype)
 
 
-def jit_sharded_forward(config: ModelConfig, mesh: Mesh, attention: str = "reference"):
+def jit_sharded_forward(config: ModelConfig, mesh: Mesh, kernels: Kernels = REFERENCE):
     """The jitted sharded step, the pool donated (updated in place on each device)."""
-    return jax.jit(functools.partial(sharded_forward, config=config, mesh=mesh, attention=attention),
+    return jax.jit(functools.partial(sharded_forward, config=config, mesh=mesh, kernels=kernels),
                    donate_argnums=(1,))

@@ -6,7 +6,8 @@ with a LoRA delta, ...) is a WeightFormat subclass: a pytree whose leaves are ar
 (model/params.py keeps each layer's arrays apart); leaves may carry leading axes where a caller batches several.
 
 A format answers these questions, and the module functions below ask them of dense arrays and formats alike:
-    dot(x, w)               x [..., K] -> [..., N] float32: the matmul, accumulated in float32
+    dot(x, w, kernels)      x [..., K] -> [..., N] float32: the matmul, accumulated in float32, with the
+                            implementation model/kernels.py chose where a format has a kernel
     take_rows(w, index, a)  w with its output rows (on axis a) selected in `index` order: the tensor-parallel
                             shard-major layout, computed once as a row index, lays out any format
     concat_rows(ws, a)      weights of one format joined along their output rows: q|k|v and gate|up fused
@@ -24,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxllm.model.kernels import REFERENCE, Kernels
+
 Axes = tuple  # logical axis names of one array, e.g. ("layers", "heads", "embed")
 
 
@@ -31,7 +34,7 @@ class WeightFormat(struct.PyTreeNode):
     """Base of the non-dense formats. Subclasses declare their array fields (each a leaf, as in a flax struct
     dataclass) and implement the three methods; a format stands for a dense weight [..., N, K]."""
 
-    def dot(self, x: jax.Array) -> jax.Array:
+    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
         """x [..., K] -> x @ W.T [..., N] in float32."""
         raise NotImplementedError(f"{type(self).__name__}.dot")
 
@@ -53,10 +56,10 @@ class WeightFormat(struct.PyTreeNode):
         raise NotImplementedError(f"{type(self).__name__}.shape")
 
 
-def dot(x: jax.Array, w: Any) -> jax.Array:
+def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE) -> jax.Array:
     """x [..., K] @ w.T -> [..., N] float32, whatever w's format."""
     if isinstance(w, WeightFormat):
-        return w.dot(x)
+        return w.dot(x, kernels)
     return dense_dot(x, w)
 
 

@@ -38,7 +38,7 @@ def test_matches_xla_cost_analysis_on_a_one_layer_model():
     kv = init_kv_cache(config, 1 + batch_size * 4, block)
     batch = build_step_batch([SequenceChunk([3], context, list(range(1 + 4 * i, 5 + 4 * i)))
                               for i in range(batch_size)], block)
-    timing = time_jitted(functools.partial(forward, config=config, attention="reference"), params, kv, batch,
+    timing = time_jitted(functools.partial(forward, config=config), params, kv, batch,
                          warmup=0, iters=1)
     counted = decode_step_flops(config, batch_size, context)
     # XLA also counts the elementwise work (norms, rope, silu, softmax) and the reference's padded context

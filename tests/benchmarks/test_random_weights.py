@@ -14,6 +14,7 @@ from jaxllm.benchmarks.random_weights import device_random_awq_params, device_ra
 from jaxllm.benchmarks.step_bytes import decode_step_bytes
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
 from jaxllm.model.awq_weight import AWQWeight
+from jaxllm.model.kernels import REFERENCE
 from jaxllm.model.params import LINEAR_FIELDS, abstract_params, param_bytes
 from pallas_kernels.awq_matmul import dequantize
 
@@ -56,7 +57,7 @@ def test_awq_params_run_through_the_forward():
     params = device_random_awq_params(CONFIG, group_size=64)
     kv = init_kv_cache(CONFIG, 4, 16, jnp.bfloat16)
     batch = build_step_batch([SequenceChunk([5, 6, 7], 0, [1])], 16)
-    logits, _ = jit_forward(CONFIG, attention="reference")(params, kv, batch)  # AWQ on CPU: its jnp reference
+    logits, _ = jit_forward(CONFIG, REFERENCE)(params, kv, batch)  # AWQ on CPU: its jnp reference
     assert logits.shape == (1, CONFIG.vocab_size) and np.isfinite(np.asarray(logits)).all()
 
 

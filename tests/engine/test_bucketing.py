@@ -18,6 +18,7 @@ from jaxllm.engine.input_batch import InputBatch
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.request import Request
 from jaxllm.engine.scheduler import Scheduler
+from jaxllm.model.kernels import REFERENCE
 from jaxllm.engine.step_programs import StepPrograms, abstract_sampling_batch
 from jaxllm.sampling_batch import neutral_adjustments
 from jaxllm.sampling_params import SamplingParams
@@ -58,7 +59,7 @@ def test_every_scheduled_step_matches_a_program_of_the_set(pallas):
     scheduler = Scheduler(sched_config, KVCacheManager(BlockPool(40), block_size))
     buckets = Buckets(24, 6, decode_only_programs=pallas)
     inputs = InputBatch(buckets, block_size, max_model_len, vocab, base_seed=0, eos_token_ids=(3,))
-    programs = StepPrograms(config, "reference", buckets, inputs.max_blocks)
+    programs = StepPrograms(config, REFERENCE, buckets, inputs.max_blocks)
     program_set = set(buckets.all_programs())
     in_flight, seen, counter, met = [], set(), 0, dict(pending=0, preempted=0, prompt_rows=0, adjusted=0)
     for step in range(1500):

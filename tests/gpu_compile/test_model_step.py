@@ -19,7 +19,8 @@ from jaxllm.benchmarks.model_presets import model_preset
 from jaxllm.engine.bucketing import Buckets, ProgramKey
 from jaxllm.engine.step_programs import StepPrograms
 from jaxllm.lora import device_slots
-from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, lora_weight, random_params
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params
+from jaxllm.model import select_kernels
 from jaxllm.model import tensor_parallel as tp
 from jaxllm.model.awq_weight import AWQWeight
 from jaxllm.model.params import LINEAR_FIELDS
@@ -71,7 +72,7 @@ def test_8b_batch1_decode_reads_each_weight_where_it_lies(h200, weights):
     num_blocks = 1 + CONTEXT // BLOCK + 64
     kv = placed(jax.eval_shape(lambda: init_kv_cache(CONFIG, num_blocks, BLOCK, jnp.bfloat16)), h200.replicated())
     batch = placed(decode_batch(1), h200.replicated())
-    report = h200.compile(jit_forward(CONFIG, attention="pallas"), params, kv, batch, ptxas_reports=False)
+    report = h200.compile(jit_forward(CONFIG, select_kernels("pallas")), params, kv, batch, ptxas_reports=False)
 
     assert materialized(report.hlo, matrix_shapes(params)) == []
     smallest_weight = min(nbytes(getattr(layer, f)) for layer in params.layers for f in LINEAR_FIELDS)
@@ -100,7 +101,8 @@ def engine_programs(h200, *, lora: bool = False, weights: str = "bf16"):
     if lora:
         slots = jax.eval_shape(lambda: device_slots.init_slots(CONFIG, 4, 16, jnp.bfloat16, mesh))
     buckets = Buckets(max_num_batched_tokens=512, max_num_seqs=256, decode_only_programs=True)
-    programs = StepPrograms(CONFIG, "pallas", buckets, max_blocks_per_seq=512, mesh=mesh, lora_slots=slots)
+    programs = StepPrograms(CONFIG, select_kernels("pallas"), buckets, max_blocks_per_seq=512, mesh=mesh,
+                            lora_slots=slots)
     return programs, params, kv
 
 

@@ -6,7 +6,6 @@ bfloat16 pools on CPU, so the step program must hold no pool-sized convert or co
 
 from __future__ import annotations
 
-import functools
 import re
 
 import jax
@@ -14,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxllm.model import kv_cache
+from jaxllm.model import kv_cache, select_kernels
 from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv, cpu_write_kv_error
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU kernel")
@@ -59,7 +58,7 @@ def test_bf16_write_kv_in_a_layer_loop_is_in_place():
     """write_kv in a scan over layers, pools donated: the compiled program converts and copies no pool."""
     def layers(k_pool, v_pool, slots, k, v):
         def step(pools, layer):
-            return kv_cache.write_kv(*pools, layer, slots, k * layer, v * layer), None
+            return kv_cache.write_kv(*pools, layer, slots, k * layer, v * layer, select_kernels()), None
         return jax.lax.scan(step, (k_pool, v_pool), jnp.arange(POOL[0], dtype=jnp.int32))[0]
 
     k_pool, v_pool, _, slots, k, v = _inputs(jnp.bfloat16)

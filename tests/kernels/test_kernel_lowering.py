@@ -40,16 +40,15 @@ def test_split_kv_kernel_lowers_to_triton(layout, dtype):
 
 
 @pytest.mark.parametrize("num_tokens", [4, 64], ids=["decode_small_m", "prefill_large_m"])
-def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(monkeypatch, num_tokens):
+def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(num_tokens):
     """The whole forward of an int4 AWQ model (bf16 activations) lowered for CUDA: each of a layer's four linears
     (q|k|v, o, gate|up, down) becomes a Triton dequant-matmul call, next to attention's."""
     from jaxllm.config import ModelConfig
-    from jaxllm.model import SequenceChunk, attention, awq_weight, build_step_batch, init_kv_cache, jit_forward
+    from jaxllm.model import Kernels, SequenceChunk, build_step_batch, init_kv_cache, jit_forward
     from jaxllm.model import random_params
     from jaxllm.quantization.rtn_params import rtn_awq_params
 
-    monkeypatch.setattr(attention, "_on_gpu", lambda: True)  # trace the kernels, not the CPU paths
-    monkeypatch.setattr(awq_weight, "use_kernel", lambda: True)
+    pallas = Kernels(attention="pallas", awq_matmul="pallas")  # trace the kernels, not the CPU paths
     config = ModelConfig(architecture="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=32)
     dense = random_params(config, jax.random.key(0), jnp.bfloat16)
@@ -59,23 +58,22 @@ def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(monkeypatch, num_
     cache = init_kv_cache(config, 9, 16, jnp.bfloat16)
 
     def triton_calls(params) -> int:
-        return count_per_step(lower_for_cuda(jit_forward(config, "pallas"), params, cache, batch),
+        return count_per_step(lower_for_cuda(jit_forward(config, pallas), params, cache, batch),
                               "__gpu$xla.gpu.triton")
 
     packed = jax.tree.map(jnp.asarray, rtn_awq_params(dense, group_size=32))
     assert triton_calls(packed) == triton_calls(dense) + 4 * config.num_layers
 
 
-def test_lora_model_step_lowers_with_two_lora_kernels_per_linear(monkeypatch):
+def test_lora_model_step_lowers_with_two_lora_kernels_per_linear():
     """The forward of a model with LoRA slots (bf16) lowered for CUDA: each of a layer's four linears adds the
     shrink and expand Triton kernels to the layer scan's body, next to attention's."""
     from jaxllm.config import ModelConfig
     from jaxllm.lora import device_slots
-    from jaxllm.model import SequenceChunk, attention, build_step_batch, forward, init_kv_cache, lora_weight
+    from jaxllm.model import Kernels, SequenceChunk, build_step_batch, forward, init_kv_cache, lora_weight
     from jaxllm.model import random_params
 
-    monkeypatch.setattr(attention, "_on_gpu", lambda: True)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # lora_weight picks the kernel on a GPU
+    pallas = Kernels(attention="pallas", lora_matmul="pallas")  # trace the kernels, not the CPU paths
     config = ModelConfig(architecture="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=32)
     params = random_params(config, jax.random.key(0), jnp.bfloat16)
@@ -88,10 +86,10 @@ def test_lora_model_step_lowers_with_two_lora_kernels_per_linear(monkeypatch):
 
     def step(params, slots, kv, batch):
         return forward(lora_weight.attach(params, slots, batch.lora_slots), kv, batch, config=config,
-                       attention="pallas")
+                       kernels=pallas)
 
     def plain(params, slots, kv, batch):
-        return forward(params, kv, batch, config=config, attention="pallas")
+        return forward(params, kv, batch, config=config, kernels=pallas)
 
     def triton_calls(fn) -> int:
         return count_per_step(lower_for_cuda(jax.jit(fn), params, slots, cache, batch), "__gpu$xla.gpu.triton")

@@ -16,8 +16,9 @@ import pytest
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params
-from jaxllm.model import attention
-from jaxllm.model.attention import cpu_attention, get_attention, reference_attention, resolve_attention
+from jaxllm.model import kernels, select_kernels
+from jaxllm.model.attention import cpu_attention, get_attention, reference_attention
+from jaxllm.model.kernels import resolve_attention
 
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=16)
@@ -41,7 +42,7 @@ def _steps(rng: np.random.Generator):
 def test_kernel_attention_model_matches_reference(kernel):
     params = random_params(CONFIG, jax.random.key(0), jnp.float32, scale=0.1)
     steps = _steps(np.random.default_rng(0))
-    forwards = {name: jit_forward(CONFIG, attention=name) for name in ("reference", kernel)}
+    forwards = {name: jit_forward(CONFIG, select_kernels(name)) for name in ("reference", kernel)}
     caches = {name: init_kv_cache(CONFIG, num_blocks=8, block_size=BLOCK_SIZE) for name in forwards}
     for i, chunks in enumerate(steps):
         batch = build_step_batch(chunks, BLOCK_SIZE, num_tokens=32, num_seqs=4, max_blocks=3)
@@ -64,8 +65,8 @@ def test_auto_is_the_native_kernel_on_cpu():
 
 @ON_CPU
 def test_auto_falls_back_to_reference_where_the_kernel_cannot_be_built(monkeypatch, caplog):
-    monkeypatch.setattr(attention, "cpu_kernel_error", lambda: "no C++ compiler: 'c++' is not on PATH")
-    with caplog.at_level(logging.WARNING, logger=attention.__name__):
+    monkeypatch.setattr(kernels, "cpu_kernel_error", lambda: "no C++ compiler: 'c++' is not on PATH")
+    with caplog.at_level(logging.WARNING, logger=kernels.__name__):
         assert get_attention("auto") is reference_attention
     assert "no C++ compiler" in caplog.text
     with pytest.raises(ValueError, match="'cpu' cannot run here: no C\\+\\+ compiler"):

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, weights
 from jaxllm.model import tensor_parallel as tp
+from jaxllm.model.kernels import REFERENCE
 from jaxllm.model.params import LINEAR_FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ class RowScaled(weights.WeightFormat):
     values: jax.Array  # [..., N, K]
     scale: jax.Array  # [..., N]
 
-    def dot(self, x):
+    def dot(self, x, kernels):
         return weights.dense_dot(x, self.values) * self.scale.astype(jnp.float32)
 
     def take_rows(self, index, axis):
@@ -58,9 +59,9 @@ class LowRankDelta(weights.WeightFormat):
     a: jax.Array  # [..., N, R]
     b: jax.Array  # [..., R, K]
 
-    def dot(self, x):
+    def dot(self, x, kernels):
         delta = weights.dense_dot(weights.dense_dot(x, self.b), self.a.astype(jnp.float32))  # [..., N]
-        return weights.dot(x, self.base) + delta
+        return weights.dot(x, self.base, kernels) + delta
 
     def take_rows(self, index, axis):
         return LowRankDelta(weights.take_rows(self.base, index, axis), weights.take_rows(self.a, index, axis),
@@ -112,7 +113,7 @@ def batch():
 
 
 def logits(cfg, params) -> np.ndarray:
-    out, _ = jit_forward(cfg, "reference")(params, init_kv_cache(cfg, 6, 4), batch())
+    out, _ = jit_forward(cfg, REFERENCE)(params, init_kv_cache(cfg, 6, 4), batch())
     return np.asarray(out)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxllm.config import ModelConfig
-from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, select_kernels
 from tests.compiled_hlo import materialized
 
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=160, num_layers=3,
@@ -30,7 +30,7 @@ def test_the_compiled_forward_copies_no_weight(dtype, attention):
     kv = init_kv_cache(CONFIG, 8, 16, dtype)
     batch = build_step_batch([SequenceChunk(list(range(1, 12)), 0, [1]), SequenceChunk([5], 20, [2, 3])], 16,
                              num_tokens=16, num_seqs=2, max_blocks=2)
-    compiled = jit_forward(CONFIG, attention=attention).lower(params, kv, batch).compile()
+    compiled = jit_forward(CONFIG, select_kernels(attention)).lower(params, kv, batch).compile()
     hlo = compiled.as_text()
     assert materialized(hlo, weight_shapes(params)) == []
     kv_bytes = 2 * kv.k.size * kv.k.dtype.itemsize

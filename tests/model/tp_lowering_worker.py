@@ -10,9 +10,8 @@ over the mesh, the Pallas -> Triton IR lowering of each kernel on its per-device
 CPU-only machine; only XLA's GPU compile needs a GPU. A mesh of CPU devices lowers for CUDA: the module names
 devices by mesh position only.
 
-The kernels choose interpret mode from the default backend when they are traced (jaxllm/model/attention.py), so
-here, where that backend is the CPU, they are told they run on a GPU: otherwise the interpreter's plain HLO would be
-lowered instead of the Triton kernels.
+The kernels are chosen as on a GPU (PALLAS: compiled Pallas, not interpret mode), although the backend here is the
+CPU: otherwise the interpreter's plain HLO would be lowered instead of the Triton kernels.
 """
 
 from __future__ import annotations
@@ -29,10 +28,12 @@ import jax  # noqa: E402
 
 from jaxllm.engine.bucketing import Buckets  # noqa: E402
 from jaxllm.engine.step_programs import StepPrograms  # noqa: E402
-from jaxllm.model import attention, random_params  # noqa: E402
+from jaxllm.model import Kernels, random_params  # noqa: E402
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
 from tests.cuda_lowering import count_per_step, lower_for_cuda  # noqa: E402
 from tests.model.tp_worker import BLOCK_SIZE, CASES, NUM_BLOCKS, SIZES, batches  # noqa: E402
+
+PALLAS = Kernels(attention="pallas", awq_matmul="pallas", lora_matmul="pallas")  # as on a GPU (see above)
 
 FORWARD_RUNS = ("kv1/tp2", "kv1/tp8", "kv8/tp2", "kv8/tp8")  # KV heads replicated 2x and 8x, and split
 PROGRAM_RUNS = ("kv8/tp1", "kv1/tp2", "kv8/tp2")  # every program of the engine's bucket set, N = 1 among them
@@ -63,7 +64,7 @@ def forward_runs() -> dict:
     results = {}
     for run in FORWARD_RUNS:
         cfg, mesh, params, kv = sharded_setup(run)
-        forward = tp.jit_sharded_forward(cfg, mesh, "pallas")
+        forward = tp.jit_sharded_forward(cfg, mesh, PALLAS)
         for batch in (batches("pallas")[0], batches("pallas")[-1]):
             kind = "decode" if batch.decode_only else "mixed"
             results[f"forward-{kind}/{run}"] = counts(lower_for_cuda(forward, params, kv, batch))
@@ -76,7 +77,7 @@ def program_runs() -> dict:
     buckets = Buckets(SIZES["num_tokens"], SIZES["num_seqs"], decode_only_programs=True)
     for run in PROGRAM_RUNS:
         cfg, mesh, params, kv = sharded_setup(run)
-        programs = StepPrograms(cfg, "pallas", buckets, SIZES["max_blocks"], mesh)
+        programs = StepPrograms(cfg, PALLAS, buckets, SIZES["max_blocks"], mesh)
         for key in buckets.all_programs():
             static = {"num_rows": key.size, "num_sample_rows": buckets.num_sample_rows} if key.kind == "sample" \
                 else {}
@@ -87,7 +88,6 @@ def program_runs() -> dict:
 
 
 def main() -> None:
-    attention._on_gpu = lambda: True  # trace the kernels as on a GPU: Triton, not interpret mode (see above)
     print(json.dumps({**forward_runs(), **program_runs()}))
 
 

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from jaxllm.config import ModelConfig  # noqa: E402
 from jaxllm.model import (SequenceChunk, StepBatch, build_step_batch, init_kv_cache, jit_forward,  # noqa: E402
-                          random_params)
+                          random_params, select_kernels)
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
 
 BLOCK_SIZE = 4
@@ -78,7 +78,7 @@ def sharded_case(cfg: ModelConfig, params, n: int, attention: str, want: list[np
     mesh = tp.make_mesh(n)
     params = tp.shard_params(params, cfg, mesh)
     kv = tp.init_sharded_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh)
-    forward = tp.jit_sharded_forward(cfg, mesh, attention)
+    forward = tp.jit_sharded_forward(cfg, mesh, select_kernels(attention))
     compiled = forward.lower(params, kv, batches()[0]).compile()
     on_device_0 = lambda tree: sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))  # noqa
     report = {"param_bytes": on_device_0(params), "kv_bytes": on_device_0(kv),
@@ -100,7 +100,8 @@ def main() -> None:
         if not sizes:
             continue
         params = random_params(cfg, jax.random.key(0), scale=0.1)
-        want = run(jit_forward(cfg, args.attention), params, init_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE),
+        want = run(jit_forward(cfg, select_kernels(args.attention)), params,
+                   init_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE),
                    args.attention)
         for n in sizes:
             results[f"{name}/tp{n}"] = sharded_case(cfg, params, n, args.attention, want)

@@ -16,14 +16,15 @@ from jaxllm.engine.args import ACTIVATION_RESERVE_FRACTION, ATTENTION_CHOICES, D
 from jaxllm.entrypoints.cli import build_parser, main
 from jaxllm.entrypoints.openai.api_server import engine_args
 from jaxllm.loaders.assemble import DTYPES
-from jaxllm.model.attention import resolve_attention
+from jaxllm.model.kernels import resolve_attention
 
 # A value other than the default for every field: the flags built from it must give it back.
 NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", quantization="awq", max_model_len=128,
                          max_num_seqs=3, max_num_batched_tokens=96, block_size=8, num_gpu_blocks=40,
                          gpu_memory_utilization=0.5, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False,
                          enable_chunked_prefill=False, scheduling_policy="priority", seed=7, attention="reference",
-                         warmup=True, async_scheduling=False, compilation_cache_dir="xla-cache", skip_tokenizer=True,
+                         awq_matmul="pallas", lora_matmul="reference", warmup=True, async_scheduling=False,
+                         compilation_cache_dir="xla-cache", skip_tokenizer=True,
                          tensor_parallel_size=2, enable_lora=True, max_loras=3, max_lora_rank=32, max_cpu_loras=5,
                          num_processes=2, process_id=1, coordinator_address="10.0.0.1:1234")
 
