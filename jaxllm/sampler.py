@@ -201,12 +201,18 @@ def _mix32(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
+def token_logprobs(logprobs: jax.Array, tokens: jax.Array, num_top: int):
+    """From logprobs [R, V] and one token per row [R]: (its logprob [R], its rank [R] int32 (1 + the tokens more
+    likely), the top ids [R, N] int32, their logprobs [R, N]), N = num_top. Sampled and prompt logprobs alike."""
+    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=1)[:, 0]  # [R]
+    ranks = 1 + (logprobs > chosen[:, None]).sum(-1, dtype=jnp.int32)
+    top_logprobs, top_ids = lax.top_k(logprobs, num_top)  # [R, N]
+    return chosen, ranks, top_ids.astype(jnp.int32), top_logprobs
+
+
 def _with_logprobs(tokens: jax.Array, logprobs: jax.Array, num_top: int) -> SamplerOutput:
     """Sampled-token logprob and rank, and the top `num_top` logprobs, from logprobs [R, V]."""
-    sampled = jnp.take_along_axis(logprobs, tokens[:, None], axis=1)[:, 0]  # [R]
-    ranks = 1 + (logprobs > sampled[:, None]).sum(-1, dtype=jnp.int32)
-    top_logprobs, top_ids = lax.top_k(logprobs, num_top)  # [R, N]
-    return SamplerOutput(tokens, sampled, ranks, top_ids.astype(jnp.int32), top_logprobs)
+    return SamplerOutput(tokens, *token_logprobs(logprobs, tokens, num_top))
 
 
 def _no_logprobs(tokens: jax.Array, top: int) -> SamplerOutput:

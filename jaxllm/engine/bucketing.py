@@ -23,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator
 
+from pallas_kernels.sizes import pow2_at_least
+
 PROMPT_ROWS = 64  # prompt-logprob rows per call of the prompt-logprob program
-
-
-def pow2_at_least(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def pow2_range(lo: int, hi: int) -> tuple[int, ...]:

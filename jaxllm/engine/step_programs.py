@@ -33,7 +33,7 @@ from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.tensor_parallel import sharded_forward_hidden
 from jaxllm.model.params import params_dtype
-from jaxllm.sampler import sample
+from jaxllm.sampler import sample, token_logprobs
 from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
@@ -66,10 +66,7 @@ def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sampl
 def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int, replicated: NamedSharding | None):
     rows = jax.lax.dynamic_slice_in_dim(hidden, first_row, targets.shape[0])  # [P, H]
     logprobs = jax.nn.log_softmax(_logits(params, rows, vocab_size, replicated), axis=-1)  # [P, V]
-    target = jnp.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
-    rank = 1 + jnp.sum(logprobs > target[:, None], axis=-1, dtype=jnp.int32)
-    top_lp, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[1]))
-    return target, rank, top_ids.astype(jnp.int32), top_lp
+    return token_logprobs(logprobs, targets, min(MAX_LOGPROBS, logprobs.shape[1]))
 
 
 class StepPrograms:

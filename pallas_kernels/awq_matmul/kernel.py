@@ -57,6 +57,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas.triton import elementwise_inline_asm
 
 from pallas_kernels.awq_matmul.layout import AWQPacked
+from pallas_kernels.sizes import pow2_at_least
 from pallas_kernels.triton_compat import compiler_params, load, store
 
 SMALL_M_MAX = 16  # awq_matmul uses the small-M (decode) kernel up to this many rows
@@ -103,16 +104,11 @@ def awq_matmul_large_m(x: jax.Array, packed: AWQPacked, *, block_m: int = 64, bl
 def default_split_k(m: int, k: int, n: int, *, block_m: int, block_n: int, block_k: int) -> int:
     """Splits of K: enough programs for TARGET_PROGRAMS, at least one BK step per split, and partial sums
     (written and read back in float32) within MAX_PARTIAL_RATIO of the packed weight bytes. Unmeasured on a GPU."""
-    tiles = _cdiv(m, block_m) * _cdiv(n, block_n)
-    wanted = _cdiv(TARGET_PROGRAMS, tiles)
+    tiles = pl.cdiv(m, block_m) * pl.cdiv(n, block_n)
+    wanted = pl.cdiv(TARGET_PROGRAMS, tiles)
     partial_cap = int(MAX_PARTIAL_RATIO * (k * n / 2) / (8 * max(m, 1) * n))
-    split_k = max(1, min(wanted, partial_cap, _cdiv(k, block_k)))
-    return _cdiv(k // 8, _split_words(k, split_k, block_k))  # whole steps per split may leave fewer splits
-
-
-def pow2_at_least(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1): Triton block dims must be powers of two."""
-    return 1 << max(n - 1, 0).bit_length()
+    split_k = max(1, min(wanted, partial_cap, pl.cdiv(k, block_k)))
+    return pl.cdiv(k // 8, _split_words(k, split_k, block_k))  # whole steps per split may leave fewer splits
 
 
 def awq_partials_into(partials: jax.Array, x: jax.Array, packed: AWQPacked, *, block_m: int, block_n: int,
@@ -136,7 +132,7 @@ def _matmul(x, packed: AWQPacked, *, block_m, block_n, block_k, split_k, num_war
     if split_k is None:
         split_k = default_split_k(m, k, n, block_m=block_m, block_n=block_n, block_k=block_k)
     split_words = _split_words(k, split_k, block_k)
-    splits = _cdiv(k // 8, split_words)  # rounding each split up to whole steps may leave fewer splits
+    splits = pl.cdiv(k // 8, split_words)  # rounding each split up to whole steps may leave fewer splits
     partials = _call(x2, packed, None, block_m=block_m, block_n=block_n, block_k=block_k, split_words=split_words,
                      num_warps=num_warps, num_stages=num_stages, interpret=interpret, splits=splits)  # [S, M, N]
     y = partials[0] if splits == 1 else partials.sum(axis=0)  # [M, N]
@@ -156,7 +152,7 @@ def _call(x, packed: AWQPacked, out, *, block_m, block_n, block_k, split_words, 
     args = (x, packed.qweight, packed.zeros, packed.scales) + ((out,) if out is not None else ())
     return pl.pallas_call(
         kernel,
-        grid=(_cdiv(m, block_m), _cdiv(n, block_n), splits),
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), splits),
         in_specs=[any_spec] * len(args),
         out_specs=any_spec,
         out_shape=jax.ShapeDtypeStruct((splits, m, n), jnp.float32),
@@ -259,7 +255,7 @@ def nibble_asm(byte: int, dtype) -> str:
 def _split_words(k: int, split_k: int, block_k: int) -> int:
     """Word rows per split: K/8 cut into split_k pieces, each rounded up to whole BK/8-word steps."""
     step_words = block_k // 8
-    return _cdiv(_cdiv(k // 8, max(split_k, 1)), step_words) * step_words
+    return pl.cdiv(pl.cdiv(k // 8, max(split_k, 1)), step_words) * step_words
 
 
 def _check(x, packed: AWQPacked, block_m: int, block_n: int, block_k: int) -> None:
@@ -275,7 +271,3 @@ def _check(x, packed: AWQPacked, block_m: int, block_n: int, block_k: int) -> No
 
 def _rows(x: jax.Array) -> int:
     return math.prod(x.shape[:-1])
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)

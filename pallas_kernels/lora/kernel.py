@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.sizes import pow2_at_least
 from pallas_kernels.triton_compat import compiler_params, load, store
 
 KNOBS = frozenset({"block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages"})
@@ -90,15 +91,10 @@ class Tiles(NamedTuple):
 def default_split_k(num_tokens: int, k: int, rank: int, tiles: Tiles) -> int:
     """Shrink K splits: about TARGET_PROGRAMS shrink programs, at least one BK step per split, and at most
     MAX_PARTIAL_BYTES of float32 partials per expand program. Unmeasured on a GPU."""
-    token_tiles = _cdiv(num_tokens, tiles.block_m)
-    wanted = _cdiv(TARGET_PROGRAMS, token_tiles)
+    token_tiles = pl.cdiv(num_tokens, tiles.block_m)
+    wanted = pl.cdiv(TARGET_PROGRAMS, token_tiles)
     cap = max(1, MAX_PARTIAL_BYTES // (4 * tiles.block_m * tiles.rank_pad))
-    return max(1, min(wanted, cap, _cdiv(k, tiles.block_k)))
-
-
-def pow2_at_least(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1): Triton block dims must be powers of two."""
-    return 1 << max(n - 1, 0).bit_length()
+    return max(1, min(wanted, cap, pl.cdiv(k, tiles.block_k)))
 
 
 def lora_shrink_into(partials: jax.Array, x: jax.Array, a: jax.Array, token_slots: jax.Array, *, block_m: int = 64,
@@ -130,13 +126,13 @@ def _shrink_call(x, a, token_slots, out, tiles: Tiles, *, splits, num_warps, num
     """One pallas_call over (token tiles, K splits) -> partials [P, T, R] float32, into `out` when given."""
     num_tokens, k = x.shape
     rank = a.shape[1]
-    split_len = _cdiv(_cdiv(k, splits), tiles.block_k) * tiles.block_k  # whole BK steps per split
+    split_len = pl.cdiv(pl.cdiv(k, splits), tiles.block_k) * tiles.block_k  # whole BK steps per split
     kernel = functools.partial(_shrink_kernel, tiles=tiles, split_len=split_len)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     args = (x, a, token_slots) + ((out,) if out is not None else ())
     return pl.pallas_call(
         kernel,
-        grid=(_cdiv(num_tokens, tiles.block_m), splits),
+        grid=(pl.cdiv(num_tokens, tiles.block_m), splits),
         in_specs=[any_spec] * len(args),
         out_specs=any_spec,
         out_shape=jax.ShapeDtypeStruct((splits, num_tokens, rank), jnp.float32),
@@ -188,7 +184,7 @@ def _expand_call(partials, b, token_slots, out, tiles: Tiles, *, num_warps, num_
     args = (partials, b, token_slots) + ((out,) if out is not None else ())
     return pl.pallas_call(
         kernel,
-        grid=(_cdiv(num_tokens, tiles.block_m), _cdiv(n, tiles.block_n)),
+        grid=(pl.cdiv(num_tokens, tiles.block_m), pl.cdiv(n, tiles.block_n)),
         in_specs=[any_spec] * len(args),
         out_specs=any_spec,
         out_shape=jax.ShapeDtypeStruct((num_tokens, n), jnp.float32),
@@ -251,8 +247,8 @@ def _for_each_slot(slots, row_ok, num_slots: int, out_at, col_ok, compute) -> No
 
 def _num_splits(k: int, split_k: int, block_k: int) -> int:
     """Non-empty splits once each of the split_k pieces of K is rounded up to whole BK steps."""
-    split_len = _cdiv(_cdiv(k, max(split_k, 1)), block_k) * block_k
-    return _cdiv(k, split_len)
+    split_len = pl.cdiv(pl.cdiv(k, max(split_k, 1)), block_k) * block_k
+    return pl.cdiv(k, split_len)
 
 
 def _check_inputs(x, a, b, token_slots) -> None:
@@ -265,7 +261,3 @@ def _check_inputs(x, a, b, token_slots) -> None:
         raise ValueError(f"mismatched shapes x {x.shape}, a {a.shape}, b {b.shape}, token_slots {token_slots.shape}")
     if not jnp.issubdtype(token_slots.dtype, jnp.integer):
         raise ValueError(f"token_slots must be integers, got {token_slots.dtype}")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -44,11 +44,6 @@ class SoftmaxState(NamedTuple):
         return jnp.where(self.denom > 0, self.denom, 1.0)
 
 
-def pow2_at_least(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1): Triton block dims must be powers of two."""
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def check_shapes(q: jax.Array, k_pool: jax.Array, block_kv: int) -> None:
     """Reject shapes the kernels cannot tile: q [T, Hq, D], k_pool [L, N, Hkv, B, D]."""
     head_dim, num_q_heads, num_kv_heads = q.shape[2], q.shape[1], k_pool.shape[2]

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.paged_attention.common import (SoftmaxState, attend_kv_range, check_shapes, load_kv_tiles,
-                                                   load_query_rows, pow2_at_least)
+                                                   load_query_rows)
+from pallas_kernels.sizes import pow2_at_least
 from pallas_kernels.triton_compat import compiler_params, store
 
 

@@ -37,7 +37,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.paged_attention.common import (SoftmaxState, attend_kv_range, check_shapes, load_kv_tiles,
-                                                   load_query_rows, pow2_at_least)
+                                                   load_query_rows)
+from pallas_kernels.sizes import pow2_at_least
 from pallas_kernels.triton_compat import compiler_params, store
 
 NUM_SMS = 132  # an H200
@@ -102,17 +103,13 @@ def split_plan(num_seqs: int, num_kv_heads: int, max_context: int, block_kv: int
     (NS - 1) * split < max_context <= NS * split.
     """
     wanted = num_splits or default_num_splits(num_seqs, num_kv_heads, max_context, block_kv)
-    split = _cdiv(_cdiv(max_context, wanted), block_kv) * block_kv
-    return _cdiv(max_context, split), split
+    split = pl.cdiv(pl.cdiv(max_context, wanted), block_kv) * block_kv
+    return pl.cdiv(max_context, split), split
 
 
 def partial_bytes(num_seqs: int, num_kv_heads: int, num_splits: int, group: int, head_dim: int) -> int:
     """Bytes of the float32 partials (o_part and lse) one call stores; the merge reads them back once more."""
     return num_seqs * num_kv_heads * num_splits * group * (head_dim + 1) * 4
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _partials(q, k_pool, v_pool, layer, block_tables, context_lens, query_start_loc, *, num_splits, split, sm_scale,
