@@ -83,7 +83,7 @@ def step_times(config, params, slots, repeats: int) -> list[dict]:
 
 
 def load_and_swap(config, paths: list[str], slots) -> tuple[dict, object]:
-    write = device_slots.slot_writer(None)
+    write = device_slots.slot_writer(None, config.num_layers)
     slots = write(slots, np.int32(1), load_peft_adapter(paths[0], config, RANK, np.float32))  # compile once
     reads, writes = [], []
     for i, path in enumerate(paths):

@@ -99,7 +99,7 @@ def small_model_bytes(params) -> list[dict]:
     for n in SIZES:
         mesh = tp.make_mesh(n)
         placed = tp.shard_params(params, SMALL, mesh)
-        kv = tp.init_sharded_kv_cache(SMALL, KV_TOKENS // BLOCK_SIZE, BLOCK_SIZE, mesh)
+        kv = tp.init_kv_cache(SMALL, KV_TOKENS // BLOCK_SIZE, BLOCK_SIZE, mesh=mesh)
         computed = per_device_bytes(params, SMALL, n)
         rows.append({"N": n, "params, measured (B)": on_device_0(placed), "params, computed (B)": computed["total"],
                      "of which replicated (B)": computed["replicated"], "KV pool, measured (B)": on_device_0(kv),
@@ -163,10 +163,10 @@ def collective_rows(params, steps: dict) -> list[dict]:
     for n in SIZES:
         mesh = tp.make_mesh(n)
         placed = tp.shard_params(params, SMALL, mesh)
-        kv = tp.init_sharded_kv_cache(SMALL, 8, BLOCK_SIZE, mesh)
+        kv = tp.init_kv_cache(SMALL, 8, BLOCK_SIZE, mesh=mesh)
         programs = StepPrograms(SMALL, REFERENCE, LargestBuckets(64, 8), max_blocks_per_seq=8, mesh=mesh)
         programs.compile_all(placed, kv)
-        texts = {"sharded step (jit_sharded_forward)": steps[n]}
+        texts = {"sharded step (jit_forward over the mesh)": steps[n]}
         texts.update({f"engine {key}": program.as_text() for key, program in sorted(programs.compiled.items())})
         for program, text in texts.items():
             c = collectives(text)
@@ -209,8 +209,8 @@ def step_time_rows(params, iters: int) -> tuple[list[dict], dict]:
     for n in SIZES:
         mesh = tp.make_mesh(n)
         placed = tp.shard_params(params, SMALL, mesh)
-        kv = tp.init_sharded_kv_cache(SMALL, num_blocks, BLOCK_SIZE, mesh)
-        step = tp.jit_sharded_forward(SMALL, mesh)
+        kv = tp.init_kv_cache(SMALL, num_blocks, BLOCK_SIZE, mesh=mesh)
+        step = tp.jit_forward(SMALL, REFERENCE, mesh=mesh)
         hlo[n] = step.lower(placed, kv, batches["decode 8 x 1 token"]).compile().as_text()
         row = {"N": n}
         for name, batch in batches.items():

@@ -88,9 +88,9 @@ class EngineArgs:
                                                    "once load in a fraction of the time at the next start")
     skip_tokenizer: bool = _arg(False, "load no tokenizer: prompts must be token ids, outputs carry no text")
     tensor_parallel_size: int | None = _arg(None, "devices the model is split over (query heads, KV heads, MLP "
-                                                  "columns, vocabulary); unset: one device, unsharded; 1 runs the "
-                                                  "sharded code path on one device; with several processes "
-                                                  "it must be (and unset it is) every device of every process")
+                                                  "columns, vocabulary); unset: 1 (a mesh of one device); with "
+                                                  "several processes it must be (and unset it is) every device "
+                                                  "of every process")
     enable_lora: bool = _arg(False, "serve LoRA adapters (PEFT directories) per request over the base model")
     max_loras: int = _arg(1, "LoRA adapters held on the device at once (one step may mix them all); requests "
                              "for others wait for a slot")
@@ -191,15 +191,14 @@ class EngineArgs:
         from jaxllm.lora.device_slots import slot_bytes
 
         itemsize = np.dtype(params_dtype(loaded.params)).itemsize
-        return slot_bytes(loaded.config, self.max_loras, self.max_lora_rank, itemsize, self.tensor_parallel_size or 1)
+        return slot_bytes(loaded.config, self.max_loras, self.max_lora_rank, itemsize,
+                          self.tensor_parallel_size or 1)
 
     def _kv_block_bytes_per_device(self, loaded) -> int:
         """One KV block's bytes on one device: its share of the (replicated when needed) KV heads."""
         config = loaded.config
         whole = kv_cache_bytes(config, 1, self.block_size, params_dtype(loaded.params))
-        if self.tensor_parallel_size is None:
-            return whole
-        return whole * kv_heads_per_device(config, self.tensor_parallel_size) // config.num_kv_heads
+        return whole * kv_heads_per_device(config, self.tensor_parallel_size or 1) // config.num_kv_heads
 
     def _gpu_budget(self, loaded, per_block: int) -> int:
         """Bytes for the KV cache on a GPU: gpu_memory_utilization of the device's memory, within what XLA's

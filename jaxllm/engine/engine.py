@@ -51,10 +51,9 @@ class LLMEngine:
         args = dataclasses.replace(args, tensor_parallel_size=distributed.tensor_parallel_size(
             args.tensor_parallel_size, group))
         self.process_index = distributed.process_index()  # 0 unless several processes run the model
-        self.loaded = loaded if loaded is not None else _load(args)
-        self.mesh = None
-        if args.tensor_parallel_size is not None:  # split the params over a mesh before the pool is sized
-            self.mesh, self.loaded = _shard(self.loaded, args.tensor_parallel_size)
+        loaded = loaded if loaded is not None else _load_host(args)
+        # the params on their mesh (one device unless split) before the pool is sized
+        self.mesh, self.loaded = _place(loaded, args.tensor_parallel_size or 1)
         self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
@@ -283,19 +282,18 @@ def _lora_manager(args: EngineArgs, loaded) -> LoRAManager | None:
                        max_cpu_loras=args.max_cpu_loras or args.max_loras, dtype=params_dtype(loaded.params))
 
 
-def _load(args: EngineArgs):
-    """The model on one device; on the host when it is to be split over a mesh (_shard places it)."""
-    from jaxllm.loaders import load_host_model, load_model
+def _load_host(args: EngineArgs):
+    """The model's params on the host (_place puts them on their devices)."""
+    from jaxllm.loaders import load_host_model
 
-    load = load_model if args.tensor_parallel_size is None else load_host_model
-    return load(args.model, dtype=args.dtype, quantization=args.quantization)
+    return load_host_model(args.model, dtype=args.dtype, quantization=args.quantization)
 
 
-def _shard(loaded, tp_size: int):
-    """(the mesh of tp_size devices, `loaded` with its params split over it); ValueError for sizes that cannot work.
+def _place(loaded, tp_size: int):
+    """(the mesh of tp_size devices, `loaded` with its params on it); ValueError for sizes that cannot work.
 
-    Each device receives only its own part, from the host (params already on a device are fetched first): no
-    device holds the whole model on the way."""
+    Split over several devices, each receives only its own part, from the host (params already on a device are
+    fetched first): no device holds the whole model on the way."""
     import jax
 
     from jaxllm.loaders import place_model

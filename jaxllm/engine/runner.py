@@ -30,8 +30,7 @@ from jaxllm.engine.scheduler import SchedulerOutput
 from jaxllm.engine.step_programs import StepPrograms
 from jaxllm.lora import device_slots
 from jaxllm.lora.manager import LoRAManager
-from jaxllm.model import init_kv_cache
-from jaxllm.model.tensor_parallel import init_sharded_kv_cache
+from jaxllm.model.tensor_parallel import default_mesh, init_kv_cache
 from jaxllm.model.kernels import Kernels, select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
@@ -71,17 +70,16 @@ class ModelRunner:
     def __init__(self, loaded, cache: CacheConfig, scheduler: SchedulerConfig, *, seed: int = 0,
                  kernels: Kernels | None = None, eos_token_ids: tuple[int, ...] = (), mesh: Mesh | None = None,
                  lora: LoRAManager | None = None):
-        """`mesh`: None, or the tensor-parallel mesh loaded.params are split over (tensor_parallel.shard_params);
-        the KV pool is then split over it too. `lora`: None, or the adapters' manager (LoRA enabled): the runner
+        """`mesh`: the device mesh loaded.params lie on (tensor_parallel.shard_params; None: default_mesh(), one
+        device); the KV pool is split over it too. `lora`: None, or the adapters' manager (LoRA enabled): the runner
         then holds its max_loras device slots. `kernels`: the implementation of each custom operation
         (model/kernels.py); None: each one's "auto" choice."""
         self.kernels = select_kernels() if kernels is None else kernels
         self.config = loaded.config
-        self.mesh = mesh
+        self.mesh = mesh = mesh or default_mesh()
         self.params = loaded.params
         dtype = params_dtype(self.params)
-        self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, dtype) if mesh is None else \
-            init_sharded_kv_cache(self.config, cache.num_blocks, cache.block_size, mesh, dtype)
+        self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, dtype, mesh)
         self.buckets = Buckets(scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
                                decode_only_programs=self.kernels.attention == "pallas")
         self.inputs = InputBatch(self.buckets, cache.block_size, scheduler.max_model_len, self.config.vocab_size,
@@ -109,8 +107,7 @@ class ModelRunner:
         self.programs.compile_all(self.params, self.kv)
         if self.lora is not None:
             slot = jax.ShapeDtypeStruct((), np.int32)
-            adapter = device_slots.abstract_adapter(self.lora_slots, None if self.mesh is None else
-                                                    NamedSharding(self.mesh, PartitionSpec()))
+            adapter = device_slots.abstract_adapter(self.lora_slots, NamedSharding(self.mesh, PartitionSpec()))
             self._write_slot = self._write_slot.lower(_abstract_placed(self.lora_slots), slot, adapter).compile()
 
     def forget(self, request_ids) -> None:
@@ -137,11 +134,10 @@ class ModelRunner:
 
     def _load_adapters(self, loads: list[tuple[int, int]]) -> None:
         """Write each (slot, lora id) the scheduler assigned into its device slot, before the step reads it."""
-        tp_size = None if self.mesh is None else self.mesh.size
         for slot, lora_int_id in loads:
-            adapter = device_slots.lay_out(self.lora.host_adapter(lora_int_id), self.config, tp_size)
-            if self.mesh is not None:  # the write program takes the adapter replicated over the mesh
-                adapter = jax.device_put(adapter, NamedSharding(self.mesh, PartitionSpec()))
+            adapter = device_slots.lay_out(self.lora.host_adapter(lora_int_id), self.config, self.mesh.size)
+            # the write program takes the adapter replicated over the mesh
+            adapter = jax.device_put(adapter, NamedSharding(self.mesh, PartitionSpec()))
             self.lora_slots = self._write_slot(self.lora_slots, np.int32(slot), adapter)
 
     def _with_adjustments(self, sampling: SamplingBatch) -> SamplingBatch:

@@ -31,7 +31,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
 from jaxllm.model.kernels import Kernels
-from jaxllm.model.tensor_parallel import sharded_forward_hidden
+from jaxllm.model.tensor_parallel import default_mesh
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import sample, token_logprobs
 from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
@@ -45,33 +45,31 @@ def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, conf
     batch = batch.replace(token_ids=tokens)
     if lora is not None:
         params = lora_weight.attach(params, lora, batch.lora_slots)
-    if mesh is None:
-        return forward_hidden(params, kv, batch, config=config, kernels=kernels)
-    return sharded_forward_hidden(params, kv, batch, config=config, mesh=mesh, kernels=kernels)
+    return forward_hidden(params, kv, batch, config=config, kernels=kernels, mesh=mesh)
 
 
-def _logits(params, hidden, vocab_size: int, replicated: NamedSharding | None) -> jax.Array:
-    """[R, V] float32. With a mesh the LM head is split over the vocabulary: gather the logits once here, or XLA
-    partitions the sampler's vocabulary reductions into many small collectives (some in every top-p pass)."""
-    logits = compute_logits(params, hidden, vocab_size)
-    return logits if replicated is None else jax.lax.with_sharding_constraint(logits, replicated)
+def _logits(params, hidden, vocab_size: int, replicated: NamedSharding) -> jax.Array:
+    """[R, V] float32. Over several devices the LM head is split over the vocabulary: gather the logits once here,
+    or XLA partitions the sampler's vocabulary reductions into many small collectives (some in every top-p
+    pass)."""
+    return jax.lax.with_sharding_constraint(compute_logits(params, hidden, vocab_size), replicated)
 
 
 def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sample_rows: int, vocab_size: int,
-            replicated: NamedSharding | None):
+            replicated: NamedSharding):
     out = sample(_logits(params, hidden[:num_rows], vocab_size, replicated), sampling)  # logits [S, V]
     return out, jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
 
 
-def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int, replicated: NamedSharding | None):
+def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int, replicated: NamedSharding):
     rows = jax.lax.dynamic_slice_in_dim(hidden, first_row, targets.shape[0])  # [P, H]
     logprobs = jax.nn.log_softmax(_logits(params, rows, vocab_size, replicated), axis=-1)  # [P, V]
     return token_logprobs(logprobs, targets, min(MAX_LOGPROBS, logprobs.shape[1]))
 
 
 class StepPrograms:
-    """`mesh`: None, or the tensor-parallel mesh the params and the pool are split over (tensor_parallel.py); the
-    programs' other inputs are then replicated over it."""
+    """`mesh`: the device mesh the params and the pool lie on (tensor_parallel.py: one device unless the model is
+    split; None: default_mesh()); the programs' other inputs are replicated over it."""
 
     def __init__(self, config: ModelConfig, kernels: Kernels, buckets: Buckets, max_blocks_per_seq: int,
                  mesh: Mesh | None = None, lora_slots=None):
@@ -80,7 +78,8 @@ class StepPrograms:
         self.lora_slots = lora_slots
         self.buckets = buckets
         self.max_blocks_per_seq = max_blocks_per_seq
-        self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+        mesh = mesh or default_mesh()
+        self._replicated = NamedSharding(mesh, PartitionSpec())
         vocab = config.vocab_size
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, config=config, kernels=kernels, mesh=mesh),
@@ -122,13 +121,13 @@ class StepPrograms:
 
     def example_args(self, key: ProgramKey, params, kv) -> tuple:
         """Arguments of the program's shapes (abstract where they are not the params or the pool; replicated over
-        the mesh when there is one)."""
+        the mesh)."""
         return jax.tree.map(self._placed, self._example_args(key, params, kv))
 
     def _placed(self, leaf):
-        """A host array or abstract value as the program's input: replicated over the mesh (unchanged without one;
-        device arrays keep their own placement)."""
-        if self._replicated is None or not isinstance(leaf, (jax.ShapeDtypeStruct, np.ndarray, np.generic)):
+        """A host array or abstract value as the program's input: replicated over the mesh (device arrays keep
+        their own placement)."""
+        if not isinstance(leaf, (jax.ShapeDtypeStruct, np.ndarray, np.generic)):
             return leaf
         if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is not None:
             return leaf  # placed already (the LoRA slots, split like their base weights)

@@ -1,8 +1,9 @@
 """Host params -> device params: the loaders build numpy params on the host; this puts them on their devices.
 
-On one device (no mesh) each array is copied there. Over a tensor-parallel mesh, tensor_parallel.shard_params lays
-the params out on the host and hands each device only its own slice, so no device ever holds the whole model on
-the way (a whole-model copy on device 0 first would cap the model size at one device's memory).
+tensor_parallel.shard_params places them on a mesh: one device by default (each array copied there), or split
+over a tensor-parallel mesh, where it lays the params out on the host and hands each device only its own slice, so
+no device ever holds the whole model on the way (a whole-model copy on device 0 first would cap the model size at
+one device's memory).
 """
 
 from __future__ import annotations
@@ -21,19 +22,12 @@ from jaxllm.model.params import LlamaParams
 
 def place_params(params: LlamaParams, config: ModelConfig, mesh: Mesh | None = None,
                  on_placed: Callable[[str], None] | None = None) -> LlamaParams:
-    """params (numpy, or device arrays in the ordinary layout) on the default device, or split over `mesh` (a
-    tensor_parallel.make_mesh mesh; ValueError if the model cannot be split over its size). on_placed(path) runs
-    after each array is placed."""
-    if mesh is not None:
-        tensor_parallel.check_tp_size(config, mesh.size, mesh.size)
-        return tensor_parallel.shard_params(params, config, mesh, on_placed)
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    placed = []
-    for path, host in leaves:
-        placed.append(jax.device_put(host))
-        if on_placed is not None:
-            on_placed(jax.tree_util.keystr(path))
-    return treedef.unflatten(placed)
+    """params (numpy, or device arrays in the ordinary layout) on `mesh` (a tensor_parallel.make_mesh mesh;
+    default_mesh() when None; ValueError if the model cannot be split over its size). on_placed(path) runs after
+    each array is placed."""
+    mesh = mesh or tensor_parallel.default_mesh()
+    tensor_parallel.check_tp_size(config, mesh.size, mesh.size)
+    return tensor_parallel.shard_params(params, config, mesh, on_placed)
 
 
 def live_bytes_per_device() -> dict[int, int]:

@@ -54,23 +54,24 @@ def slot_shardings(mesh: Mesh, num_layers: int) -> SlotArrays:
 
 
 def init_slots(config: ModelConfig, max_loras: int, max_rank: int, dtype, mesh: Mesh | None = None) -> SlotArrays:
-    """All-zero slots (on the mesh when there is one)."""
-    shapes = slot_shapes(config, max_loras, max_rank, None if mesh is None else mesh.size)
-    out_shardings = None if mesh is None else slot_shardings(mesh, config.num_layers)
+    """All-zero slots on the mesh (default_mesh() when None)."""
+    mesh = mesh or tensor_parallel.default_mesh()
+    shapes = slot_shapes(config, max_loras, max_rank, mesh.size)
+    out_shardings = slot_shardings(mesh, config.num_layers)
     layer = lambda: {f: (jnp.zeros(a, dtype), jnp.zeros(b, dtype)) for f, (a, b) in shapes.items()}
     zeros = jax.jit(lambda: tuple(layer() for _ in range(config.num_layers)), out_shardings=out_shardings)
     return zeros()
 
 
-def lay_out(adapter: HostAdapter, config: ModelConfig, tp_size: int | None) -> HostAdapter:
-    """The adapter's b rows in the base weights' tensor-parallel order (unchanged without a mesh, or at N = 1)."""
+def lay_out(adapter: HostAdapter, config: ModelConfig, tp_size: int) -> HostAdapter:
+    """The adapter's b rows in the base weights' tensor-parallel order (unchanged at N = 1)."""
     rows = _laid_out_rows(config, tp_size)
     return {field: (a, b[:, rows[field]] if field in rows else b) for field, (a, b) in adapter.items()}
 
 
-def _laid_out_rows(config: ModelConfig, tp_size: int | None) -> dict[str, np.ndarray]:
-    """The fused fields' row indices in the tensor-parallel layout (none without a mesh, or at N = 1)."""
-    if not tp_size or tp_size == 1:
+def _laid_out_rows(config: ModelConfig, tp_size: int) -> dict[str, np.ndarray]:
+    """The fused fields' row indices in the tensor-parallel layout (none at N = 1)."""
+    if tp_size == 1:
         return {}
     return {"w_qkv": tensor_parallel.qkv_rows(config, tp_size),
             "w_gate_up": tensor_parallel.gate_up_rows(config, tp_size)}
@@ -89,9 +90,10 @@ def _write(slots: SlotArrays, slot: jax.Array, adapter: HostAdapter) -> SlotArra
 
 
 def slot_writer(mesh: Mesh | None, num_layers: int):
-    """The jitted write (slots donated: updated in place), keeping the slots' shardings."""
-    out_shardings = None if mesh is None else slot_shardings(mesh, num_layers)
-    return jax.jit(_write, donate_argnums=(0,), out_shardings=out_shardings)
+    """The jitted write (slots donated: updated in place), keeping the slots' shardings (on default_mesh() when
+    mesh is None)."""
+    mesh = mesh or tensor_parallel.default_mesh()
+    return jax.jit(_write, donate_argnums=(0,), out_shardings=slot_shardings(mesh, num_layers))
 
 
 def abstract_adapter(slots: SlotArrays, sharding=None) -> HostAdapter:

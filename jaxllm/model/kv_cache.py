@@ -26,13 +26,6 @@ class KVCache:
     v: jax.Array  # [L, N, Hkv, B, D]
 
 
-def init_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype=jnp.float32) -> KVCache:
-    if num_blocks < 2:
-        raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved for padding), got {num_blocks}")
-    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
-
-
 def kv_cache_bytes(config: ModelConfig, num_blocks: int, block_size: int, dtype) -> int:
     per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
     return per_token * num_blocks * block_size

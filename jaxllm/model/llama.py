@@ -1,4 +1,7 @@
-"""The Llama-family forward: one pure function over (params, kv_cache, batch), one layer after another.
+"""The Llama-family forward on one device: one pure function over (params, kv_cache, batch), layer after layer.
+
+tensor_parallel.py runs it over the device mesh (one device unless the model is split), under shard_map: that is
+the only way the library calls it.
 
 Covers Llama 2/3/3.1, SmolLM/SmolLM2, Mistral (no sliding window) and Qwen2/2.5 (q/k/v bias), GQA, tied or
 untied embeddings. Activations stay in the params' dtype; norms, softmax and logits are computed in float32.
@@ -14,43 +17,28 @@ import jax.numpy as jnp
 
 from jaxllm.config import ModelConfig
 from jaxllm.model.attention import attend
-from jaxllm.model.kernels import REFERENCE, Kernels, select_kernels
+from jaxllm.model.kernels import Kernels
 from jaxllm.model.kv_cache import KVCache, write_kv
 from jaxllm.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq, swiglu
 from jaxllm.model.params import LayerParams, LlamaParams
 from jaxllm.model.step_batch import StepBatch
 
 
-def forward(
+def device_forward_hidden(
     params: LlamaParams,
     kv_cache: KVCache,
     batch: StepBatch,
     *,
     config: ModelConfig,
-    kernels: Kernels = REFERENCE,
-) -> tuple[jax.Array, KVCache]:
-    """Returns (logits [R, V] float32 at batch.logits_indices, kv_cache with this step's K/V written)."""
-    hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, kernels=kernels)
-    return compute_logits(params, hidden), kv_cache
-
-
-def forward_hidden(
-    params: LlamaParams,
-    kv_cache: KVCache,
-    batch: StepBatch,
-    *,
-    config: ModelConfig,
-    kernels: Kernels = REFERENCE,
-    reduce: Callable[[jax.Array], jax.Array] | None = None,
+    kernels: Kernels,
+    reduce: Callable[[jax.Array], jax.Array],
 ) -> tuple[jax.Array, KVCache]:
     """Returns (final-normed hidden states [R, H] at batch.logits_indices, kv_cache with this step's K/V written).
 
-    The engine runs this as its forward program and computes logits in its sampler program, for the rows it samples.
-    `kernels` names the implementation of attention, the KV write and the weight formats' matmuls (kernels.py).
-    `reduce` sums the partial outputs of the row-parallel projections (wo, w_down) when params hold one device's
-    share of the heads and MLP columns (tensor_parallel.py); None: the params are whole.
+    params and kv_cache are one device's share (its heads and MLP columns) and config describes that share;
+    `reduce` sums the partial outputs of the row-parallel projections (wo, w_down) over the devices. `kernels`
+    names the implementation of attention, the KV write and the weight formats' matmuls (kernels.py).
     """
-    reduce = reduce or _whole
     x = params.embed[batch.token_ids]  # [T, H]
     cos, sin = rope_cos_sin(batch.positions, rope_inv_freq(config), x.dtype)  # [T, D] each
     k_pool, v_pool = kv_cache.k, kv_cache.v  # [L, N, Hkv, B, D] each
@@ -80,11 +68,6 @@ def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch
     return x, k_pool, v_pool
 
 
-def _whole(partial: jax.Array) -> jax.Array:
-    """reduce when the params are whole: the projections' outputs are complete already."""
-    return partial
-
-
 def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
     """Final-normed hidden states [R, H] -> logits [R, V] float32, through the (tied or untied) LM head; the first
     vocab_size columns when the head is padded (tensor_parallel.py pads it to a multiple of the devices)."""
@@ -98,10 +81,3 @@ def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels):
     qkv = linear(h, lp.w_qkv, lp.b_qkv, kernels)  # [T, (Hq + 2*Hkv)*D]
     q, k, v = jnp.split(qkv, [config.num_heads * d, (config.num_heads + config.num_kv_heads) * d], axis=-1)
     return q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
-
-
-def jit_forward(config: ModelConfig, kernels: Kernels | None = None):
-    """The jitted step: forward(params, kv_cache, batch) with the cache donated (updated in place); kernels None:
-    each operation's "auto" choice (select_kernels())."""
-    kernels = select_kernels() if kernels is None else kernels
-    return jax.jit(functools.partial(forward, config=config, kernels=kernels), donate_argnums=(1,))

@@ -1,4 +1,7 @@
-"""Tensor parallelism of the Llama forward over a 1-D device mesh (axis "tp"), Megatron-style under shard_map.
+"""The Llama forward over a 1-D device mesh (axis "tp"), Megatron-style under shard_map: the one forward path.
+
+A model that is not split runs on a mesh of one device (default_mesh), through the same functions: at N = 1 the
+layout is the ordinary one and XLA compiles the same program as without shard_map (no copy, no collective).
 
 Each of N devices holds Hq/N query heads and their KV heads (a KV head is replicated when N > Hkv, as in vLLM),
 F/N MLP columns and V/N rows of the LM head; norms and the embedding table are replicated. A layer computes its
@@ -25,9 +28,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import weights
-from jaxllm.model.kernels import REFERENCE, Kernels
+from jaxllm.model.kernels import REFERENCE, Kernels, select_kernels
 from jaxllm.model.kv_cache import KVCache
-from jaxllm.model.llama import compute_logits, forward_hidden
+from jaxllm.model.llama import compute_logits, device_forward_hidden
 from jaxllm.model.params import LayerParams, LlamaParams
 from jaxllm.model.step_batch import StepBatch
 
@@ -75,6 +78,11 @@ def make_mesh(tp_size: int, devices=None) -> Mesh:
     return Mesh(np.asarray(devices), (TP_AXIS,))
 
 
+def default_mesh() -> Mesh:
+    """The mesh of this process's first device: where a model that is not split runs."""
+    return make_mesh(1, jax.local_devices())
+
+
 def kv_heads_per_device(config: ModelConfig, tp_size: int) -> int:
     return max(config.num_kv_heads // tp_size, 1)
 
@@ -91,18 +99,20 @@ def shard_major_params(params: LlamaParams, config: ModelConfig, tp_size: int) -
     """Ordinary-layout params -> the shard-major layout above (an explicit, vocab-padded lm_head when tied).
 
     The layout is a host-side row index per fused weight, applied with weights.take_rows: it lays out any weight
-    format, numpy params on the host (the loaders' path) and device params alike."""
-    if tp_size > 1:  # at N = 1 the shard-major layout is the ordinary one
-        qkv, gate_up = qkv_rows(config, tp_size), gate_up_rows(config, tp_size)
+    format, numpy params on the host (the loaders' path) and device params alike. At N = 1 it is the ordinary
+    layout: params are returned as they are (a tied head stays tied)."""
+    if tp_size == 1:
+        return params
+    qkv, gate_up = qkv_rows(config, tp_size), gate_up_rows(config, tp_size)
 
-        def lay_out(layer: LayerParams) -> LayerParams:
-            fused = {"w_qkv": weights.take_rows(layer.w_qkv, qkv, axis=0),
-                     "w_gate_up": weights.take_rows(layer.w_gate_up, gate_up, axis=0)}
-            if layer.b_qkv is not None:
-                fused["b_qkv"] = weights.take_rows(layer.b_qkv, qkv, axis=0)
-            return layer.replace(**fused)
+    def lay_out(layer: LayerParams) -> LayerParams:
+        fused = {"w_qkv": weights.take_rows(layer.w_qkv, qkv, axis=0),
+                 "w_gate_up": weights.take_rows(layer.w_gate_up, gate_up, axis=0)}
+        if layer.b_qkv is not None:
+            fused["b_qkv"] = weights.take_rows(layer.b_qkv, qkv, axis=0)
+        return layer.replace(**fused)
 
-        params = params.map_layers(lay_out)
+    params = params.map_layers(lay_out)
     lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
     xp = np if isinstance(lm_head, np.ndarray) else jnp
     lm_head = xp.pad(lm_head, ((0, -config.vocab_size % tp_size), (0, 0)))  # [V padded to a multiple of N, H]
@@ -151,15 +161,17 @@ def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh,
     The layout is computed on the host (device params are fetched first), so a device never holds more than its
     share: no whole-model copy, no relaid copy. Each array is built with jax.make_array_from_callback from its
     global shape: every process fills only its own devices, so this also places params over a mesh that spans
-    processes. on_placed(path) runs after each array is placed (load-memory measurements sample there)."""
-    laid_out = shard_major_params(jax.device_get(params), config, mesh.size)
+    processes. on_placed(path) runs after each array is placed (load-memory measurements sample there). On a
+    mesh of one device each array is put there as it is (device params already there stay where they are)."""
+    laid_out = params if mesh.size == 1 else shard_major_params(jax.device_get(params), config, mesh.size)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(laid_out)
     shardings = treedef.flatten_up_to(param_shardings(laid_out, mesh))
     for (path, host), sharding in zip(leaves, shardings):
         check_even_split(jax.tree_util.keystr(path), host.shape, sharding.spec, mesh.size)
     placed = []
     for (path, host), sharding in zip(leaves, shardings):
-        placed.append(jax.make_array_from_callback(host.shape, sharding, lambda index, host=host: host[index]))
+        placed.append(jax.device_put(host, sharding) if mesh.size == 1 else
+                      jax.make_array_from_callback(host.shape, sharding, lambda index, host=host: host[index]))
         if on_placed is not None:
             on_placed(jax.tree_util.keystr(path))
     return treedef.unflatten(placed)
@@ -176,9 +188,13 @@ def check_even_split(name: str, shape: tuple[int, ...], partition: P, tp_size: i
                              "smaller group size)")
 
 
-def init_sharded_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, mesh: Mesh,
-                          dtype=jnp.float32) -> KVCache:
-    """The KV pool [L, N, max(Hkv, tp), B, D], its head axis split over the devices."""
+def init_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype=jnp.float32,
+                  mesh: Mesh | None = None) -> KVCache:
+    """The zeroed KV pool [L, N, max(Hkv, tp), B, D] on the mesh (default_mesh() when None), its head axis split
+    over the devices."""
+    if num_blocks < 2:
+        raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved for padding), got {num_blocks}")
+    mesh = mesh or default_mesh()
     heads = kv_heads_per_device(config, mesh.size) * mesh.size
     shape = (config.num_layers, num_blocks, heads, block_size, config.head_dim)
     sharding = NamedSharding(mesh, spec(KV_POOL_AXES))
@@ -187,10 +203,13 @@ def init_sharded_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
 
 
 # ------------------------------------------------------------------------------------------ the forward
-def sharded_forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig,
-                           mesh: Mesh, kernels: Kernels = REFERENCE) -> tuple[jax.Array, KVCache]:
-    """forward_hidden() over the mesh: (hidden [R, H], replicated; kv_cache, split on its head axis). Params from
-    shard_params, the pool from init_sharded_kv_cache; the batch is replicated."""
+def forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig,
+                   kernels: Kernels = REFERENCE, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
+    """The forward over the mesh (default_mesh() when None): (final-normed hidden [R, H] at
+    batch.logits_indices, replicated; kv_cache, split on its head axis, with this step's K/V written). Params as
+    shard_params lays them out (any params on one device), the pool from init_kv_cache; the batch is replicated.
+    The engine runs this as its forward program and computes logits in its sampler program."""
+    mesh = mesh or default_mesh()
     param_specs = jax.tree.map(lambda s: s.spec, param_shardings(params, mesh))
     kv_specs = KVCache(k=spec(KV_POOL_AXES), v=spec(KV_POOL_AXES))
     batch_specs = jax.tree.map(lambda _: P(), batch)
@@ -201,17 +220,17 @@ def sharded_forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBa
     @functools.partial(jax.shard_map, mesh=mesh, in_specs=(param_specs, kv_specs, batch_specs),
                        out_specs=(P(), kv_specs), check_vma=False)
     def step(local_params, local_kv, batch):
-        return forward_hidden(local_params, local_kv, batch, config=per_device, kernels=kernels,
-                              reduce=_all_reduce)
+        return device_forward_hidden(local_params, local_kv, batch, config=per_device, kernels=kernels,
+                                     reduce=_all_reduce)
 
     return step(params, kv_cache, batch)
 
 
-def sharded_forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig, mesh: Mesh,
-                    kernels: Kernels = REFERENCE) -> tuple[jax.Array, KVCache]:
-    """forward() over the mesh: (logits [R, V] float32, kv_cache). The LM head's vocabulary shards are joined by
-    XLA (the logits are computed per shard, then gathered)."""
-    hidden, kv_cache = sharded_forward_hidden(params, kv_cache, batch, config=config, mesh=mesh, kernels=kernels)
+def forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config: ModelConfig,
+            kernels: Kernels = REFERENCE, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
+    """(logits [R, V] float32 at batch.logits_indices, kv_cache): forward_hidden and the LM head (its vocabulary
+    shards, when split, joined by XLA)."""
+    hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, kernels=kernels, mesh=mesh)
     return compute_logits(params, hidden, config.vocab_size), kv_cache
 
 
@@ -220,7 +239,8 @@ def _all_reduce(partial: jax.Array) -> jax.Array:
     return jax.lax.psum(partial.astype(jnp.float32), TP_AXIS).astype(partial.dtype)
 
 
-def jit_sharded_forward(config: ModelConfig, mesh: Mesh, kernels: Kernels = REFERENCE):
-    """The jitted sharded step, the pool donated (updated in place on each device)."""
-    return jax.jit(functools.partial(sharded_forward, config=config, mesh=mesh, kernels=kernels),
-                   donate_argnums=(1,))
+def jit_forward(config: ModelConfig, kernels: Kernels | None = None, mesh: Mesh | None = None):
+    """The jitted step forward(params, kv_cache, batch), the pool donated (updated in place on each device);
+    kernels None: each operation's "auto" choice (select_kernels())."""
+    kernels = select_kernels() if kernels is None else kernels
+    return jax.jit(functools.partial(forward, config=config, kernels=kernels, mesh=mesh), donate_argnums=(1,))

@@ -72,7 +72,8 @@ def test_8b_batch1_decode_reads_each_weight_where_it_lies(h200, weights):
     num_blocks = 1 + CONTEXT // BLOCK + 64
     kv = placed(jax.eval_shape(lambda: init_kv_cache(CONFIG, num_blocks, BLOCK, jnp.bfloat16)), h200.replicated())
     batch = placed(decode_batch(1), h200.replicated())
-    report = h200.compile(jit_forward(CONFIG, select_kernels("pallas")), params, kv, batch, ptxas_reports=False)
+    forward = jit_forward(CONFIG, select_kernels("pallas"), mesh=h200.mesh)  # the engine's one-device mesh
+    report = h200.compile(forward, params, kv, batch, ptxas_reports=False)
 
     assert materialized(report.hlo, matrix_shapes(params)) == []
     smallest_weight = min(nbytes(getattr(layer, f)) for layer in params.layers for f in LINEAR_FIELDS)
@@ -96,7 +97,7 @@ def engine_programs(h200, *, lora: bool = False, weights: str = "bf16"):
     params = abstract_params(weights)
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
                           tp.param_shardings(params, mesh))
-    kv = jax.eval_shape(lambda: tp.init_sharded_kv_cache(CONFIG, 2048, BLOCK, mesh, jnp.bfloat16))
+    kv = jax.eval_shape(lambda: tp.init_kv_cache(CONFIG, 2048, BLOCK, jnp.bfloat16, mesh=mesh))
     slots = None
     if lora:
         slots = jax.eval_shape(lambda: device_slots.init_slots(CONFIG, 4, 16, jnp.bfloat16, mesh))

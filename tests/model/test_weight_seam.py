@@ -175,7 +175,7 @@ def test_a_format_runs_the_sharded_forward_on_one_device(name):
     cfg = config(qkv_bias=True, architecture="qwen2")
     mesh = tp.make_mesh(1)
     sharded = tp.shard_params(convert(dense_params(cfg), FORMATS[name]), cfg, mesh)
-    got, _ = tp.jit_sharded_forward(cfg, mesh)(sharded, tp.init_sharded_kv_cache(cfg, 6, 4, mesh), batch())
+    got, _ = tp.jit_forward(cfg, REFERENCE, mesh=mesh)(sharded, tp.init_kv_cache(cfg, 6, 4, mesh=mesh), batch())
     np.testing.assert_allclose(np.asarray(got), dense_logits(cfg), rtol=0, atol=LOGITS_TOLERANCE)
 
 

@@ -56,15 +56,15 @@ def sharded_setup(run: str):
     cfg = CASES[name][0]
     mesh = tp.make_mesh(int(size))
     params = tp.shard_params(random_params(cfg, jax.random.key(0), scale=0.1), cfg, mesh)
-    return cfg, mesh, params, tp.init_sharded_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh)
+    return cfg, mesh, params, tp.init_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh=mesh)
 
 
 def forward_runs() -> dict:
-    """jit_sharded_forward on a mixed step (ragged kernel) and a decode-only step (split-KV kernel)."""
+    """jit_forward over the mesh on a mixed step (ragged kernel) and a decode-only step (split-KV kernel)."""
     results = {}
     for run in FORWARD_RUNS:
         cfg, mesh, params, kv = sharded_setup(run)
-        forward = tp.jit_sharded_forward(cfg, mesh, PALLAS)
+        forward = tp.jit_forward(cfg, PALLAS, mesh=mesh)
         for batch in (batches("pallas")[0], batches("pallas")[-1]):
             kind = "decode" if batch.decode_only else "mixed"
             results[f"forward-{kind}/{run}"] = counts(lower_for_cuda(forward, params, kv, batch))

@@ -77,8 +77,8 @@ def sharded_case(cfg: ModelConfig, params, n: int, attention: str, want: list[np
     reuses that compile)."""
     mesh = tp.make_mesh(n)
     params = tp.shard_params(params, cfg, mesh)
-    kv = tp.init_sharded_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh)
-    forward = tp.jit_sharded_forward(cfg, mesh, select_kernels(attention))
+    kv = tp.init_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, mesh=mesh)
+    forward = tp.jit_forward(cfg, select_kernels(attention), mesh=mesh)
     compiled = forward.lower(params, kv, batches()[0]).compile()
     on_device_0 = lambda tree: sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))  # noqa
     report = {"param_bytes": on_device_0(params), "kv_bytes": on_device_0(kv),

@@ -17,6 +17,7 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
+from jaxllm.model.kernels import REFERENCE  # noqa: E402
 from tests.model.test_weight_seam import FORMATS, batch, config, convert, dense_logits, dense_params  # noqa: E402
 
 
@@ -28,7 +29,8 @@ def main() -> None:
         for n in (2, 4):
             mesh = tp.make_mesh(n)
             sharded = tp.shard_params(convert(params, to_format), cfg, mesh)
-            got, _ = tp.jit_sharded_forward(cfg, mesh)(sharded, tp.init_sharded_kv_cache(cfg, 6, 4, mesh), batch())
+            got, _ = tp.jit_forward(cfg, REFERENCE, mesh=mesh)(
+                sharded, tp.init_kv_cache(cfg, 6, 4, mesh=mesh), batch())
             diffs[f"{name}/tp{n}"] = float(np.abs(np.asarray(got) - want).max())
     print(json.dumps(diffs))
 
