@@ -17,7 +17,7 @@ from typing import Callable
 
 import jax
 
-from jaxllm.model.kernels import Kernels, resolve_attention
+from jaxllm.model.kernels import Kernels
 from jaxllm.model.step_batch import StepBatch
 from pallas_kernels.paged_attention import (ragged_paged_attention, ragged_paged_attention_reference,
                                             split_kv_paged_attention)
@@ -56,8 +56,3 @@ def _implementation(kernels: Kernels) -> Callable:
     if kernels.attention == "pallas":
         return functools.partial(pallas_attention, interpret=kernels.interpret)
     return ATTENTION_BACKENDS[kernels.attention]
-
-
-def get_attention(name: str) -> Callable:
-    """The implementation `name` ("auto" too) stands for here."""
-    return ATTENTION_BACKENDS[resolve_attention(name)]

@@ -17,8 +17,9 @@ import pytest
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params
 from jaxllm.model import kernels, select_kernels
-from jaxllm.model.attention import cpu_attention, get_attention, reference_attention
+from jaxllm.model.attention import cpu_attention, reference_attention
 from jaxllm.model.kernels import resolve_attention
+from jaxllm.testing import get_attention
 
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=16)
