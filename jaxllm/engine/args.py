@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxllm.config import CacheConfig, SchedulerConfig
+from jaxllm.config import CacheConfig, LoRAConfig, ParallelConfig, SchedulerConfig
 from jaxllm.engine import distributed
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.loaders.awq import check_quantization_name
@@ -183,6 +183,17 @@ class EngineArgs:
             raise ValueError(f"the KV cache budget of {budget} bytes holds {num_blocks} blocks of {per_block} bytes; "
                              f"at least 2 are needed")
         return int(num_blocks)
+
+    def parallel_config(self) -> ParallelConfig:
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size or 1,
+                              num_processes=self.process_group().num_processes)
+
+    def lora_config(self) -> LoRAConfig | None:
+        """None with LoRA off."""
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                          max_cpu_loras=self.max_cpu_loras or self.max_loras)
 
     def lora_slot_bytes(self, loaded) -> int:
         """Bytes of the LoRA adapters' device slots on one device (0 with LoRA off)."""

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
-from jaxllm.config import merge_token_ids
+from jaxllm.config import LoRAConfig, ParallelConfig, merge_token_ids
 from jaxllm.errors import lone_surrogate
 from jaxllm.engine import distributed
 from jaxllm.engine.args import EngineArgs
@@ -53,7 +53,8 @@ class LLMEngine:
         self.process_index = distributed.process_index()  # 0 unless several processes run the model
         loaded = loaded if loaded is not None else _load_host(args)
         # the params on their mesh (one device unless split) before the pool is sized
-        self.mesh, self.loaded = _place(loaded, args.tensor_parallel_size or 1)
+        self.parallel_config = args.parallel_config()
+        self.mesh, self.loaded = _place(loaded, self.parallel_config.tensor_parallel_size)
         self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
@@ -62,7 +63,8 @@ class LLMEngine:
             self.cache_config, num_blocks=distributed.agree_on_minimum(self.cache_config.num_blocks))
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
-        self.lora = _lora_manager(args, self.loaded)  # None unless enable_lora
+        self.lora_config = args.lora_config()  # None unless enable_lora
+        self.lora = _lora_manager(self.lora_config, self.parallel_config, self.loaded)
         kernels = select_kernels(args.attention, args.awq_matmul, args.lora_matmul)
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
                                   kernels=kernels, eos_token_ids=self.eos_token_ids, mesh=self.mesh, lora=self.lora)
@@ -273,13 +275,12 @@ class LLMEngine:
         }
 
 
-def _lora_manager(args: EngineArgs, loaded) -> LoRAManager | None:
-    if not args.enable_lora:
+def _lora_manager(lora: LoRAConfig | None, parallel: ParallelConfig, loaded) -> LoRAManager | None:
+    if lora is None:
         return None
-    if args.process_group().num_processes > 1:
+    if parallel.num_processes > 1:
         raise ValueError("enable_lora is not supported with several processes yet")
-    return LoRAManager(loaded.config, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-                       max_cpu_loras=args.max_cpu_loras or args.max_loras, dtype=params_dtype(loaded.params))
+    return LoRAManager(loaded.config, **dataclasses.asdict(lora), dtype=params_dtype(loaded.params))
 
 
 def _load_host(args: EngineArgs):
