@@ -38,9 +38,6 @@ from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch, neutral_adjus
 
 logger = logging.getLogger(__name__)
 
-PROMPT_LOGPROBS_KEY = ProgramKey("prompt_logprobs")
-
-
 @dataclasses.dataclass
 class TokenCounts:
     """Tokens the forward programs were given (scheduled) and computed (their T buckets, padding included)."""
@@ -118,17 +115,17 @@ class ModelRunner:
         self._load_adapters(out.lora_loads)
         inputs = self.inputs.prepare(out)
         self.token_counts.add(out.num_tokens, inputs.forward_key.size)
-        hidden, self.kv = self.programs(inputs.forward_key, self.params, self.kv, inputs.batch, self._next_tokens,
-                                        inputs.prev_rows, self.lora_slots)
+        hidden, self.kv = self.programs.forward(inputs.forward_key, self.params, self.kv, inputs.batch,
+                                                self._next_tokens, inputs.prev_rows, self.lora_slots)
         sampled = None
         if inputs.sample_key is not None:
-            sampled, self._next_tokens = self.programs(inputs.sample_key, self.params, hidden,
-                                                       self._with_adjustments(inputs.sampling))
+            sampled, self._next_tokens = self.programs.sample(inputs.sample_key, self.params, hidden,
+                                                              self._with_adjustments(inputs.sampling))
         prompt_out = []
         for first in range(0, len(inputs.prompt_targets), PROMPT_ROWS):
-            prompt_out.append(self.programs(PROMPT_LOGPROBS_KEY, self.params, hidden,
-                                            np.int32(self.buckets.num_sample_rows + first),
-                                            inputs.prompt_targets[first:first + PROMPT_ROWS]))
+            prompt_out.append(self.programs.prompt_logprobs(self.params, hidden,
+                                                            np.int32(self.buckets.num_sample_rows + first),
+                                                            inputs.prompt_targets[first:first + PROMPT_ROWS]))
         self.inputs.commit(inputs)
         return InflightStep(inputs, sampled, prompt_out)
 

@@ -11,16 +11,19 @@
     prompt_logprobs(params, hidden, first_row, targets [P]) -> (logprob [P], rank [P], top ids [P, N], top lps [P, N])
         P = PROMPT_ROWS rows of hidden from first_row; N = MAX_LOGPROBS.
 
-`compile_all` builds every program of the bucket set (warm-up); a program not built yet is built on first use
-and logged. Nothing else ever reaches XLA: the runner calls these compiled programs only.
+StepPrograms has one method per program with its signature (forward, sample, prompt_logprobs); the ProgramKey is
+the cache key of the compiled program. `compile_all` builds every program of the bucket set (warm-up); a program
+not built yet is built on first use and logged. Nothing else ever reaches XLA: the runner calls these only.
+`program(key)` is the jitted function with its static arguments, for lowering a program elsewhere (tests).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +41,8 @@ from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
+
+PROMPT_LOGPROBS_KEY = ProgramKey("prompt_logprobs")
 
 
 def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, config, kernels: Kernels, mesh):
@@ -67,6 +72,16 @@ def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int, rep
     return token_logprobs(logprobs, targets, min(MAX_LOGPROBS, logprobs.shape[1]))
 
 
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A jitted program and the static arguments its key fixes."""
+    jitted: Callable
+    static: dict
+
+    def lower(self, *args):
+        return self.jitted.lower(*args, **self.static)
+
+
 class StepPrograms:
     """`mesh`: the device mesh the params and the pool lie on (tensor_parallel.py: one device unless the model is
     split; None: default_mesh()); the programs' other inputs are replicated over it."""
@@ -93,7 +108,25 @@ class StepPrograms:
         self.compile_seconds = 0.0
         self.used: set[ProgramKey] = set()  # by steps so far
 
-    def __call__(self, key: ProgramKey, *args):
+    def forward(self, key: ProgramKey, params, kv, batch: StepBatch, prev_tokens, prev_rows, lora):
+        """-> (hidden [R, H], kv); kv donated."""
+        return self._run(key, params, kv, batch, prev_tokens, prev_rows, lora)
+
+    def sample(self, key: ProgramKey, params, hidden, sampling: SamplingBatch):
+        """-> (SamplerOutput [S], next_tokens [S_max])."""
+        return self._run(key, params, hidden, sampling)
+
+    def prompt_logprobs(self, params, hidden, first_row, targets):
+        """-> (logprob [P], rank [P], top ids [P, N], top logprobs [P, N])."""
+        return self._run(PROMPT_LOGPROBS_KEY, params, hidden, first_row, targets)
+
+    def program(self, key: ProgramKey) -> Program:
+        if key.kind == "sample":
+            return Program(self._jitted["sample"], {"num_rows": key.size,
+                                                    "num_sample_rows": self.buckets.num_sample_rows})
+        return Program(self._jitted[key.kind], {})
+
+    def _run(self, key: ProgramKey, *args):
         self.used.add(key)
         program = self.compiled.get(key)
         if program is None:
@@ -110,9 +143,7 @@ class StepPrograms:
 
     def _compile(self, key: ProgramKey, args):
         start = time.perf_counter()
-        static = {"num_rows": key.size, "num_sample_rows": self.buckets.num_sample_rows} if key.kind == "sample" \
-            else {}
-        program = self._jitted[key.kind].lower(*args, **static).compile()
+        program = self.program(key).lower(*args).compile()
         seconds = time.perf_counter() - start
         self.compiled[key] = program
         self.compile_seconds += seconds

@@ -108,10 +108,9 @@ def engine_programs(h200, *, lora: bool = False, weights: str = "bf16"):
 
 
 def compile_program(h200, programs, key: ProgramKey, params, kv):
-    static = {"num_rows": key.size, "num_sample_rows": programs.buckets.num_sample_rows} \
-        if key.kind == "sample" else {}
-    return h200.compile(programs._jitted[key.kind], *programs.example_args(key, params, kv), ptxas_reports=False,
-                        **static)
+    program = programs.program(key)
+    return h200.compile(program.jitted, *programs.example_args(key, params, kv), ptxas_reports=False,
+                        **program.static)
 
 
 @pytest.mark.parametrize("key", [ProgramKey("forward", 1, decode_only=True), ProgramKey("forward", 512),

@@ -79,10 +79,8 @@ def program_runs() -> dict:
         cfg, mesh, params, kv = sharded_setup(run)
         programs = StepPrograms(cfg, PALLAS, buckets, SIZES["max_blocks"], mesh)
         for key in buckets.all_programs():
-            static = {"num_rows": key.size, "num_sample_rows": buckets.num_sample_rows} if key.kind == "sample" \
-                else {}
-            text = lower_for_cuda(programs._jitted[key.kind], *programs.example_args(key, params, kv),
-                                  **static)
+            program = programs.program(key)
+            text = lower_for_cuda(program.jitted, *programs.example_args(key, params, kv), **program.static)
             results[f"{key}/{run}"] = counts(text)
     return results
 
