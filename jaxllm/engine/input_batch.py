@@ -27,6 +27,7 @@ from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.engine.request import Request
 from jaxllm.engine.scheduler import ScheduledChunk, SchedulerOutput
 from jaxllm.model import StepBatch
+from jaxllm.model.step_batch import lay_out_tokens
 from jaxllm.model.kv_cache import NULL_BLOCK
 from jaxllm.sampling_batch import RowSampling, SamplingBatch, pack_sampling_batch
 
@@ -139,22 +140,12 @@ class InputBatch:
 
     def _step_batch(self, chunks, cached, q_lens, starts) -> tuple[StepBatch, np.ndarray, ProgramKey]:
         """The forward's arrays, padded to its bucket: T tokens, min(T, max_num_seqs) sequence rows."""
-        num_chunks, total = len(chunks), int(q_lens.sum())
-        key = self.buckets.forward_key(total, decode_only=bool(q_lens.max() <= 1))
-        num_tokens, num_rows, block = key.size, self.buckets.num_seq_rows(key.size), self.block_size
-        query_start_loc = np.full(num_rows + 1, total, np.int32)
-        query_start_loc[0] = 0
-        query_start_loc[1:num_chunks + 1] = np.cumsum(q_lens)
-        row_of = np.repeat(np.arange(num_chunks), q_lens)  # [total] the chunk of each token
-        positions = np.zeros(num_tokens, np.int32)
-        positions[:total] = np.arange(total) - query_start_loc[row_of] + starts[row_of]
+        key = self.buckets.forward_key(int(q_lens.sum()), decode_only=bool(q_lens.max() <= 1))
+        num_tokens, num_rows = key.size, self.buckets.num_seq_rows(key.size)
         block_tables = np.full((num_rows, self.max_blocks), NULL_BLOCK, np.int32)
-        block_tables[:num_chunks] = [c.block_table for c in cached]
-        slot_mapping = np.full(num_tokens, NULL_BLOCK * block, np.int32)
-        pos = positions[:total]
-        slot_mapping[:total] = block_tables[row_of, pos // block] * block + pos % block
-        context_lens = np.zeros(num_rows, np.int32)
-        context_lens[:num_chunks] = starts + q_lens
+        block_tables[:len(chunks)] = [c.block_table for c in cached]
+        positions, slot_mapping, context_lens, query_start_loc = lay_out_tokens(q_lens, starts, block_tables,
+                                                                                num_tokens, self.block_size)
         token_ids = np.zeros(num_tokens, np.int32)
         prev_rows = np.full(num_tokens, -1, np.int32)
         for i, c in enumerate(cached):

@@ -60,46 +60,60 @@ def build_step_batch(
     max_blocks: int | None = None,
     num_logits: int | None = None,
 ) -> StepBatch:
-    """Pack chunks, in order, into numpy arrays padded to the given sizes (defaults: exactly what they need)."""
-    q_lens = [len(c.token_ids) for c in chunks]
-    num_tokens = num_tokens or sum(q_lens)
+    """Pack chunks, in order, into numpy arrays padded to the given sizes (defaults: exactly what they need). The
+    layout is the engine's own (lay_out_tokens); the engine's InputBatch fills the token ids from its request
+    copies instead."""
+    q_lens = np.asarray([len(c.token_ids) for c in chunks], np.int32)
+    total = int(q_lens.sum())
+    num_tokens = num_tokens or total
     num_seqs = num_seqs or len(chunks)
     max_blocks = max_blocks or max(len(c.block_table) for c in chunks)
-    if sum(q_lens) > num_tokens or len(chunks) > num_seqs:
-        raise ValueError(f"chunks need {sum(q_lens)} tokens and {len(chunks)} sequences; padded sizes are "
+    if total > num_tokens or len(chunks) > num_seqs:
+        raise ValueError(f"chunks need {total} tokens and {len(chunks)} sequences; padded sizes are "
                          f"{num_tokens} tokens and {num_seqs} sequences")
-
-    token_ids = np.zeros(num_tokens, np.int32)
-    positions = np.zeros(num_tokens, np.int32)
-    slot_mapping = np.full(num_tokens, NULL_BLOCK * block_size, np.int32)
     block_tables = np.full((num_seqs, max_blocks), NULL_BLOCK, np.int32)
-    context_lens = np.zeros(num_seqs, np.int32)
-    query_start_loc = np.zeros(num_seqs + 1, np.int32)
-    query_start_loc[1:len(chunks) + 1] = np.cumsum(q_lens)
-    query_start_loc[len(chunks) + 1:] = sum(q_lens)
-
-    logits_indices: list[int] = []
     for row, chunk in enumerate(chunks):
-        n, start, end_len = q_lens[row], query_start_loc[row], chunk.num_cached + q_lens[row]
-        table = np.asarray(chunk.block_table, np.int32)
-        if len(table) * block_size < end_len or len(table) > max_blocks:
-            raise ValueError(f"sequence {row}: block table of {len(table)} blocks cannot hold {end_len} tokens "
-                             f"(block_size {block_size}, max_blocks {max_blocks})")
-        pos = np.arange(chunk.num_cached, end_len, dtype=np.int32)
-        token_ids[start:start + n] = chunk.token_ids
-        positions[start:start + n] = pos
-        slot_mapping[start:start + n] = table[pos // block_size] * block_size + pos % block_size
-        block_tables[row, :len(table)] = table
-        context_lens[row] = end_len
-        logits_indices += [start + offset for offset in _logit_offsets(chunk.want_logits, n)]
-
+        end_len = chunk.num_cached + q_lens[row]
+        if len(chunk.block_table) * block_size < end_len or len(chunk.block_table) > max_blocks:
+            raise ValueError(f"sequence {row}: block table of {len(chunk.block_table)} blocks cannot hold "
+                             f"{end_len} tokens (block_size {block_size}, max_blocks {max_blocks})")
+        block_tables[row, :len(chunk.block_table)] = chunk.block_table
+    starts = np.asarray([c.num_cached for c in chunks], np.int32)
+    positions, slot_mapping, context_lens, query_start_loc = lay_out_tokens(q_lens, starts, block_tables,
+                                                                            num_tokens, block_size)
+    token_ids = np.zeros(num_tokens, np.int32)
+    token_ids[:total] = np.concatenate([np.asarray(c.token_ids, np.int32) for c in chunks]) if chunks else []
+    logits_indices = [int(query_start_loc[row]) + offset for row, chunk in enumerate(chunks)
+                      for offset in _logit_offsets(chunk.want_logits, int(q_lens[row]))]
     num_logits = num_logits or max(len(logits_indices), 1)
     if len(logits_indices) > num_logits:
         raise ValueError(f"{len(logits_indices)} logits requested, padded size is {num_logits}")
     logits = np.zeros(num_logits, np.int32)
     logits[:len(logits_indices)] = logits_indices
     return StepBatch(token_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc, logits,
-                     decode_only=max(q_lens) <= 1)
+                     decode_only=bool(q_lens.max() <= 1))
+
+
+def lay_out_tokens(q_lens: np.ndarray, starts: np.ndarray, block_tables: np.ndarray, num_tokens: int,
+                   block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where each of a step's tokens goes, vectorized over the step: chunk i computes q_lens[i] tokens from
+    position starts[i] with the block table block_tables[i] ([S, MB], padded with the null block).
+
+    -> positions [T], slot_mapping [T] (padding -> the null block), context_lens [S], query_start_loc [S+1]."""
+    num_chunks, total = len(q_lens), int(q_lens.sum())
+    num_rows = block_tables.shape[0]
+    query_start_loc = np.full(num_rows + 1, total, np.int32)
+    query_start_loc[0] = 0
+    query_start_loc[1:num_chunks + 1] = np.cumsum(q_lens)
+    row_of = np.repeat(np.arange(num_chunks), q_lens)  # [total] the chunk of each token
+    positions = np.zeros(num_tokens, np.int32)
+    positions[:total] = np.arange(total) - query_start_loc[row_of] + starts[row_of]
+    slot_mapping = np.full(num_tokens, NULL_BLOCK * block_size, np.int32)
+    pos = positions[:total]
+    slot_mapping[:total] = block_tables[row_of, pos // block_size] * block_size + pos % block_size
+    context_lens = np.zeros(num_rows, np.int32)
+    context_lens[:num_chunks] = starts + q_lens
+    return positions, slot_mapping, context_lens, query_start_loc
 
 
 def _logit_offsets(want: str | Sequence[int], num_new: int) -> Sequence[int]:
