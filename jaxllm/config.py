@@ -179,23 +179,14 @@ class SchedulerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
+    """Resolved from EngineArgs, which checks the values."""
     tensor_parallel_size: int = 1  # devices the model is split over: the mesh's size (1: a mesh of one device)
     num_processes: int = 1  # processes running the model together (the mesh then spans all their devices)
-
-    def __post_init__(self):
-        for name in ("tensor_parallel_size", "num_processes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class LoRAConfig:
+    """Resolved from EngineArgs, which checks the values."""
     max_loras: int = 1  # adapters in device slots at once
     max_lora_rank: int = 16  # the largest rank accepted (every slot is sized for it)
     max_cpu_loras: int = 1  # adapters kept in host memory, >= max_loras
-
-    def __post_init__(self):
-        if min(self.max_loras, self.max_lora_rank) < 1:
-            raise ValueError(f"max_loras and max_lora_rank must be >= 1, got {self.max_loras}, {self.max_lora_rank}")
-        if self.max_cpu_loras < self.max_loras:
-            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
