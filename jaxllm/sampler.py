@@ -2,8 +2,8 @@
 
 Order, as vLLM v1:
   1. logprobs from the raw logits (log-softmax of the model output), if any row asked for them;
-  2. dense adjustments (when the batch carries them): logit_bias, min_tokens (-inf on EOS / stop ids), then the
-     repetition, frequency and presence penalties;
+  2. adjustments (when the batch carries a LogitState), read from each row's slot: logit_bias, min_tokens (-inf
+     on EOS / stop ids), then the repetition, frequency and presence penalties;
   3. greedy rows take the argmax; the others divide by their temperature, drop tokens by min-p, top-k and
      top-p (in that order), and sample with the Gumbel-max trick in its exponential-race form:
      argmax_i p_i / E_i with E_i ~ Exp(1), i.e. argmax_i log p_i + G_i with G_i = -log E_i Gumbel (as vLLM).
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
+from jaxllm.sampling_batch import IN_PROMPT, STOP_ID, LogitState, SamplingBatch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
 NUM_CANDIDATES = 256  # logits per row searched for the top-k / top-p cut before falling back to bisection
@@ -59,8 +59,8 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
     """logits [R, V] float32 -> one token per row (see the module docstring for the order of operations)."""
     logits = logits.astype(jnp.float32)
     adjusted = logits  # [R, V]
-    if batch.adjustments is not None:
-        adjusted = lax.cond(batch.has_adjustments, lambda: apply_adjustments(logits, batch.adjustments),
+    if batch.state is not None:
+        adjusted = lax.cond(batch.has_adjustments, lambda: apply_adjustments(logits, batch, batch.state),
                             lambda: logits)
     greedy = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
     tokens = lax.cond(jnp.all(batch.is_greedy), lambda: greedy,
@@ -71,16 +71,27 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
                     lambda: _no_logprobs(tokens, num_top))
 
 
-def apply_adjustments(logits: jax.Array, adjust: LogitAdjustments) -> jax.Array:
-    """logit_bias / min_tokens masks, then vLLM's penalties. [R, V] -> [R, V].
+def apply_adjustments(logits: jax.Array, batch: SamplingBatch, state: LogitState) -> jax.Array:
+    """logit_bias / min_tokens masks, then vLLM's penalties, from each row's slot of `state`. [R, V] -> [R, V].
 
     repetition: logits of tokens in prompt or output are divided by the penalty when > 0, else multiplied;
     frequency: minus penalty x count in the output; presence: minus penalty once if in the output.
     """
-    x = logits + adjust.bias
-    rep = adjust.repetition_penalty[:, None]
-    x = jnp.where(adjust.seen, jnp.where(x > 0, x / rep, x * rep), x)
-    return x - adjust.penalty
+    counts = state.output_counts[batch.slot]  # [R, V]; the gathers fuse into the arithmetic below
+    flags = state.token_flags[batch.slot]
+    x = logits + state.bias[batch.slot]
+    x = jnp.where(batch.masks_stop_ids[:, None] & ((flags & STOP_ID) != 0), -jnp.inf, x)
+    seen = (counts > 0) | ((flags & IN_PROMPT) != 0)
+    rep = batch.repetition_penalty[:, None]
+    x = jnp.where(seen, jnp.where(x > 0, x / rep, x * rep), x)
+    penalty = batch.frequency_penalty[:, None] * counts + jnp.where(counts > 0, batch.presence_penalty[:, None], 0)
+    return x - penalty
+
+
+def count_sampled(state: LogitState, batch: SamplingBatch, tokens: jax.Array) -> LogitState:
+    """Each row's sampled token [R] counted into its slot's output counts (the neutral slot stays zero)."""
+    real = (batch.slot != state.neutral_slot).astype(jnp.int32)  # [R]
+    return state.replace(output_counts=state.output_counts.at[batch.slot, tokens].add(real))
 
 
 def _random_sample(adjusted: jax.Array, batch: SamplingBatch) -> jax.Array:

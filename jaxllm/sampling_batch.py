@@ -1,7 +1,6 @@
-"""SamplingBatch: the per-row sampling inputs of one step, packed on the host for the jitted sampler.
+"""SamplingBatch: the per-row sampling inputs of one step; LogitState: the per-request logit adjustments, per slot.
 
-Every array has a leading row axis padded to `num_rows` S (the step's sampler bucket). Padded rows sample
-greedily with no adjustments, so they cost nothing special and never produce NaN.
+Per row (S = the step's sampler bucket; padded rows sample greedily with no adjustments, and never give NaN):
 
     temperature          [S]     float32  1 for greedy and padded rows (the sampler divides by it)
     is_greedy            [S]     bool     argmax rows (temperature < 1e-5, and padding)
@@ -10,31 +9,36 @@ greedily with no adjustments, so they cost nothing special and never produce NaN
     rng_key_data         [S, 2]  uint32   threefry key words of the request's seed, or of the engine's base seed
     rng_stream           [S]     uint32   0 for seeded requests; the request's rng_stream otherwise
     rng_counter          [S]     uint32   tokens generated so far (so each step draws fresh noise)
-    wants_logprobs       []      bool     some row needs logprobs (asked for, or best_of ranks its samples by them)
-    has_adjustments      []      bool     some row has logit adjustments (the sampler then applies them)
-
-Dense logit adjustments; V = vocab size. The host packs them only when some row has any (else None); the
-engine's runner then passes device-resident neutral arrays instead, so its sampler program always has them:
-
-    bias                 [S, V]  float32  logit_bias, and -inf for EOS/stop ids while output < min_tokens
-    seen                 [S, V]  bool     token occurs in prompt or output (repetition penalty)
+    slot                 [S]     int32    the row's slot in LogitState; its last slot (always neutral) if none
     repetition_penalty   [S]     float32  1: disabled
-    penalty              [S, V]  float32  frequency_penalty x count + presence_penalty x (count > 0), subtracted
+    frequency_penalty    [S]     float32  0: disabled
+    presence_penalty     [S]     float32  0: disabled
+    masks_stop_ids       [S]     bool     output < min_tokens: the slot's STOP_ID tokens get -inf
+    wants_logprobs       []      bool     some row needs logprobs (asked for, or best_of ranks its samples by them)
+    has_adjustments      []      bool     some row has logit adjustments now (the sampler then applies them)
+
+LogitState holds, per slot, what is O(V) per request; M slots plus a last, neutral one that is never written:
+
+    output_counts        [M+1, V]  int32    times each token was sampled (frequency, presence; > 0: seen)
+    token_flags          [M+1, V]  int8     IN_PROMPT (repetition penalty) | STOP_ID (EOS and stop ids)
+    bias                 [M+1, V]  float32  logit_bias
+
+The engine's runner keeps the state on the device: a request that needs it (bias, a penalty, or min_tokens with
+stop ids) is given a slot whose rows are written once (RowSampling.state_rows, one small program), and the sample
+program counts each sampled token into its row. So nothing O(S x V) crosses the host per step, and no step waits
+for a token's value on the host to penalize it: async scheduling serves every mix. A per-row token mask
+(structured outputs) would join here as another per-slot array.
 
 Nothing here is static: whether a batch is all greedy, filters, has adjustments or asks for logprobs is read by
 the sampler at run time, so one program per S serves every mix of requests.
 
-RowSampling is one request's share, kept up to date token by token (the runner holds one per request it runs):
-the penalty rows change in O(1) per token instead of being rebuilt from the whole history every step. A token
-is counted when its step is dispatched (expect_token: the noise counter and min_tokens need only the count) and
-recorded when its value arrives (record: the penalty rows need the value, so requests with penalties never have
-a step scheduled ahead of their newest token).
+RowSampling is one request's share, on the host: its scalars, and a count of the tokens dispatched so far (the
+noise counter and min_tokens need only the count, not the values).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import jax
@@ -44,14 +48,29 @@ from flax import struct
 from jaxllm.sampling_params import SamplingParams, SamplingType
 
 _UINT32_MASK = 0xFFFFFFFF
+IN_PROMPT, STOP_ID = 1, 2  # LogitState.token_flags bits
 
 
 @struct.dataclass
-class LogitAdjustments:
+class LogitState:
+    output_counts: jax.Array
+    token_flags: jax.Array
     bias: jax.Array
-    seen: jax.Array
-    repetition_penalty: jax.Array
-    penalty: jax.Array
+
+    @property
+    def neutral_slot(self) -> int:
+        return self.bias.shape[0] - 1
+
+
+def empty_logit_state(num_slots: int, vocab_size: int) -> LogitState:
+    """num_slots writable slots and the neutral one, all zeros (numpy)."""
+    shape = (num_slots + 1, vocab_size)
+    return LogitState(np.zeros(shape, np.int32), np.zeros(shape, np.int8), np.zeros(shape, np.float32))
+
+
+def logit_state_bytes(num_slots: int, vocab_size: int) -> int:
+    """Bytes of a LogitState of num_slots slots (int32 + int8 + float32 per entry; the neutral slot included)."""
+    return (num_slots + 1) * vocab_size * 9
 
 
 @struct.dataclass
@@ -64,18 +83,23 @@ class SamplingBatch:
     rng_key_data: jax.Array
     rng_stream: jax.Array
     rng_counter: jax.Array
+    slot: jax.Array
+    repetition_penalty: jax.Array
+    frequency_penalty: jax.Array
+    presence_penalty: jax.Array
+    masks_stop_ids: jax.Array
     wants_logprobs: jax.Array
     has_adjustments: jax.Array
-    adjustments: LogitAdjustments | None = None
+    state: LogitState | None = None  # None: no row has adjustments
 
 
 class RowSampling:
-    """One request's sampling inputs: fixed scalars, plus penalty rows updated as its tokens arrive."""
+    """One request's sampling inputs on the host; `slot` is its LogitState slot (None: it needs none)."""
 
-    def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int],
-                 vocab_size: int, *, base_seed: int = 0, rng_stream: int = 0, eos_token_ids: Sequence[int] = (),
-                 wants_logprobs: bool = False):
+    def __init__(self, params: SamplingParams, num_output: int, vocab_size: int, *, base_seed: int = 0,
+                 rng_stream: int = 0, eos_token_ids: Sequence[int] = (), wants_logprobs: bool = False):
         self.params = params
+        self.vocab_size = vocab_size
         self.wants_logprobs = wants_logprobs or params.logprobs is not None  # the sampled tokens' logprobs
         greedy = params.sampling_type == SamplingType.GREEDY
         self.is_greedy = greedy
@@ -84,53 +108,45 @@ class RowSampling:
         seed = base_seed if params.seed is None else params.seed
         self.key_words = ((seed >> 32) & _UINT32_MASK, seed & _UINT32_MASK)
         self.rng_stream = 0 if params.seed is not None else rng_stream & _UINT32_MASK
-        self.num_output = len(output_token_ids)
+        self.num_output = num_output
         # EOS and stop ids cannot be sampled before min_tokens (ignore_eos does not lift this, as in vLLM)
         self.min_tokens_ids = np.array([*params.stop_token_ids, *eos_token_ids], np.int64)
-        self.bias = None  # [V] float32, or None
-        if params.logit_bias:
-            self.bias = np.zeros(vocab_size, np.float32)
-            self.bias[list(params.logit_bias)] = list(params.logit_bias.values())
-        self.seen = self.penalty = self.counts = None  # [V] bool / float32 / int32, penalized requests only
-        if params.needs_penalties:
-            self.seen = np.zeros(vocab_size, bool)
-            self.seen[np.asarray(prompt_token_ids, np.int64)] = True
-            self.counts = np.zeros(vocab_size, np.int32)
-            self.penalty = np.zeros(vocab_size, np.float32)
-            for token in output_token_ids:
-                self._count(token)
-
-    def append(self, token: int) -> None:
-        """Account for one more output token."""
-        self.expect_token()
-        self.record(token)
+        self.slot: int | None = None
 
     def expect_token(self) -> None:
-        """A token is being sampled (its value comes later): the noise counter and min_tokens move on now."""
+        """A token is being sampled (its value stays on the device): the noise counter and min_tokens move on."""
         self.num_output += 1
-
-    def record(self, token: int) -> None:
-        """The value of a token counted by expect_token: the penalty rows take it in."""
-        if self.counts is not None:
-            self._count(token)
-
-    def _count(self, token: int) -> None:
-        self.seen[token] = True
-        self.counts[token] += 1
-        p = self.params
-        self.penalty[token] = p.frequency_penalty * self.counts[token] + p.presence_penalty  # count > 0 now
 
     @property
     def masks_stop_ids(self) -> bool:
         return self.num_output < self.params.min_tokens and len(self.min_tokens_ids) > 0
 
     @property
-    def needs_adjustments(self) -> bool:
-        return self.bias is not None or self.counts is not None or self.masks_stop_ids
+    def needs_state(self) -> bool:
+        """Whether the request needs a LogitState slot (at any point of its generation)."""
+        p = self.params
+        return bool(p.logit_bias) or p.needs_penalties or (p.min_tokens > 0 and len(self.min_tokens_ids) > 0)
+
+    @property
+    def adjusts_now(self) -> bool:
+        return bool(self.params.logit_bias) or self.params.needs_penalties or self.masks_stop_ids
+
+    def state_rows(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> LogitState:
+        """The request's rows of LogitState ([V] each, numpy), from its whole history so far."""
+        vocab = self.vocab_size
+        counts = np.bincount(np.asarray(output_token_ids, np.int64), minlength=vocab).astype(np.int32)
+        flags = np.zeros(vocab, np.int8)
+        flags[np.asarray(prompt_token_ids, np.int64)] = IN_PROMPT
+        if self.params.min_tokens > 0:
+            flags[self.min_tokens_ids] |= STOP_ID
+        bias = np.zeros(vocab, np.float32)
+        if self.params.logit_bias:
+            bias[list(self.params.logit_bias)] = list(self.params.logit_bias.values())
+        return LogitState(counts, flags, bias)
 
 
-def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, vocab_size: int) -> SamplingBatch:
-    """Pack rows into numpy arrays padded to `num_rows` (padded rows are greedy and neutral)."""
+def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, neutral_slot: int) -> SamplingBatch:
+    """Pack rows into numpy arrays padded to `num_rows` (padded rows are greedy and neutral); state None."""
     if len(rows) > num_rows:
         raise ValueError(f"{len(rows)} rows do not fit in num_rows={num_rows}")
 
@@ -141,7 +157,6 @@ def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, vocab_size: 
 
     key_data = np.zeros((num_rows, 2), np.uint32)
     key_data[:len(rows)] = np.array([r.key_words for r in rows], np.uint32).reshape(-1, 2)
-    adjusted = any(r.needs_adjustments for r in rows)
     return SamplingBatch(
         temperature=column([r.temperature for r in rows], 1.0, np.float32),
         is_greedy=column([r.is_greedy for r in rows], True, bool),
@@ -151,30 +166,14 @@ def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, vocab_size: 
         rng_key_data=key_data,
         rng_stream=column([r.rng_stream for r in rows], 0, np.uint32),
         rng_counter=column([r.num_output & _UINT32_MASK for r in rows], 0, np.uint32),
+        slot=column([neutral_slot if r.slot is None else r.slot for r in rows], neutral_slot, np.int32),
+        repetition_penalty=column([r.params.repetition_penalty for r in rows], 1.0, np.float32),
+        frequency_penalty=column([r.params.frequency_penalty for r in rows], 0.0, np.float32),
+        presence_penalty=column([r.params.presence_penalty for r in rows], 0.0, np.float32),
+        masks_stop_ids=column([r.masks_stop_ids for r in rows], False, bool),
         wants_logprobs=np.asarray(any(r.wants_logprobs for r in rows)),
-        has_adjustments=np.asarray(adjusted),
-        adjustments=_pack_adjustments(rows, num_rows, vocab_size) if adjusted else None,
+        has_adjustments=np.asarray(any(r.adjusts_now for r in rows)),
     )
-
-
-def neutral_adjustments(num_rows: int, vocab_size: int) -> LogitAdjustments:
-    """Adjustments that change nothing (the runner keeps them on the device, one set per S bucket)."""
-    dense = (num_rows, vocab_size)
-    return LogitAdjustments(np.zeros(dense, np.float32), np.zeros(dense, bool), np.ones(num_rows, np.float32),
-                            np.zeros(dense, np.float32))
-
-
-def _pack_adjustments(rows: Sequence[RowSampling], num_rows: int, vocab_size: int) -> LogitAdjustments:
-    adjust = neutral_adjustments(num_rows, vocab_size)
-    for i, row in enumerate(rows):
-        if row.bias is not None:
-            adjust.bias[i] = row.bias
-        if row.masks_stop_ids:
-            adjust.bias[i, row.min_tokens_ids] = -math.inf
-        if row.counts is not None:
-            adjust.seen[i], adjust.penalty[i] = row.seen, row.penalty
-            adjust.repetition_penalty[i] = row.params.repetition_penalty
-    return adjust
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +193,19 @@ class SamplingRow:
 
 def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int, vocab_size: int, *, base_seed: int = 0,
                          eos_token_ids: Sequence[int] = ()) -> SamplingBatch:
-    """Pack full row descriptions (see RowSampling for the incremental form the engine uses)."""
-    states = [RowSampling(r.params, r.prompt_token_ids, r.output_token_ids, vocab_size, base_seed=base_seed,
+    """Pack full row descriptions, with a host LogitState of one slot per row when some row has adjustments
+    (the engine's runner keeps its state on the device instead)."""
+    states = [RowSampling(r.params, len(r.output_token_ids), vocab_size, base_seed=base_seed,
                           rng_stream=r.rng_stream, eos_token_ids=eos_token_ids) for r in rows]
-    return pack_sampling_batch(states, num_rows, vocab_size)
+    for slot, sampling in enumerate(states):
+        sampling.slot = slot if sampling.needs_state else None
+    batch = pack_sampling_batch(states, num_rows, neutral_slot=num_rows)
+    if not batch.has_adjustments:
+        return batch
+    state = empty_logit_state(num_rows, vocab_size)
+    for row, sampling in zip(rows, states):
+        if sampling.slot is not None:
+            rows_of_slot = sampling.state_rows(row.prompt_token_ids, row.output_token_ids)
+            for table, values in zip(jax.tree.leaves(state), jax.tree.leaves(rows_of_slot)):
+                table[sampling.slot] = values
+    return batch.replace(state=state)

@@ -25,6 +25,7 @@ from jaxllm.model import kernels
 from jaxllm.model.kv_cache import kv_cache_bytes
 from jaxllm.model.params import param_bytes_per_device, params_dtype
 from jaxllm.model.tensor_parallel import kv_heads_per_device
+from jaxllm.sampling_batch import logit_state_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,8 @@ class EngineArgs:
 
     def _gpu_budget(self, loaded, per_block: int) -> int:
         """Bytes for the KV cache on a GPU: gpu_memory_utilization of the device's memory, within what XLA's
-        allocator may hand out, less the weights and the activation reserve.
+        allocator may hand out, less the weights (LoRA slots and sampling state included) and the activation
+        reserve.
 
         memory_stats()["bytes_limit"] is not the device's memory but XLA's allocator limit: the device's memory
         times XLA's memory fraction (XLA_CLIENT_MEM_FRACTION, or XLA_PYTHON_CLIENT_MEM_FRACTION; 0.75 unset),
@@ -231,7 +233,8 @@ class EngineArgs:
                         "XLA_CLIENT_MEM_FRACTION for more)", self.gpu_memory_utilization, wanted / 2**30,
                         limit / 2**30)
         usable = min(wanted, limit)
-        weights = param_bytes_per_device(loaded.params) + self.lora_slot_bytes(loaded)
+        weights = param_bytes_per_device(loaded.params) + self.lora_slot_bytes(loaded) + logit_state_bytes(
+            self.max_num_seqs, loaded.config.vocab_size)  # with the adapters' slots and the sampling state
         budget = int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - weights)
         if budget < 2 * per_block:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} leaves too little for the KV "

@@ -16,6 +16,7 @@ The programs of an engine (ProgramKey):
     sample           one per S (what a batch asks for, greedy or not, filters, penalties, logprobs, is read at
                      run time)
     prompt_logprobs  one (PROMPT_ROWS rows per call)
+    write_logit_rows one (a request's logit-adjustment rows into its slot: engine/step_programs.py)
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def pow2_range(lo: int, hi: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True, order=True)
 class ProgramKey:
-    kind: str  # "forward" | "sample" | "prompt_logprobs"
+    kind: str  # "forward" | "sample" | "prompt_logprobs" | "write_logit_rows"
     size: int = 0  # T for forward, S for sample
     decode_only: bool = False  # forward only: every sequence has one new token (the Pallas split-KV kernel)
 
@@ -99,3 +100,4 @@ class Buckets:
         for s in self.sample_sizes:
             yield ProgramKey("sample", s)
         yield ProgramKey("prompt_logprobs")
+        yield ProgramKey("write_logit_rows")

@@ -6,8 +6,8 @@
 
 With async scheduling (the default) step() dispatches step t + 1 before it waits for step t, so the host's
 scheduling and array packing overlap the device's work; step t + 1 reads step t's sampled tokens on the device.
-A token sampled for a request that step t stopped is dropped, so outputs are those of one step at a time. Steps
-are not scheduled ahead while a running request uses penalties (their inputs need the newest token's value).
+A token sampled for a request that step t stopped is dropped, so outputs are those of one step at a time. Every
+mix of requests is scheduled ahead: penalties are counted on the device (the runner's LogitState).
 
 Single-threaded: callers (the offline LLM, the server's engine loop) call step() repeatedly; aborts and new
 requests are applied between steps.
@@ -182,9 +182,9 @@ class LLMEngine:
         return outputs
 
     def _dispatch(self) -> None:
-        """Send steps to the device: one when none is in flight, and one more ahead when async scheduling may."""
+        """Send steps to the device: one when none is in flight, and one more ahead under async scheduling."""
         depth = 2 if self.async_scheduling else 1
-        while len(self._inflight) < depth and (not self._inflight or self._may_schedule_ahead()):
+        while len(self._inflight) < depth:
             out = self.scheduler.schedule()
             if not out.chunks:
                 self.runner.forget(out.finished_request_ids)
@@ -193,9 +193,6 @@ class LLMEngine:
             for chunk in out.chunks:
                 self.processor.mark_scheduled(chunk.request, now)
             self._inflight.append((out, self.runner.dispatch(out)))
-
-    def _may_schedule_ahead(self) -> bool:
-        return not any(r.sampling_params.needs_penalties for r in self.scheduler.running)
 
     def _process(self, out: SchedulerOutput, results, prompt_logprobs) -> list[RequestOutput]:
         ended_before = {c.request.request_id for c in out.chunks if c.request.status.finished}  # e.g. aborted

@@ -5,13 +5,15 @@ A step should cost host work in proportion to what changed since the last one, n
 
     tokens       [max_model_len] int32   prompt, then outputs as their values arrive from the device
     block_table  [MB] int32              block ids, extended as the scheduler allocates
-    sampling     RowSampling             per-request sampling inputs; penalty rows updated per token
+    sampling     RowSampling             per-request sampling inputs, and its LogitState slot if it needs one
 
 prepare() turns a SchedulerOutput into StepInputs (numpy, padded to the buckets) with vectorized numpy over the
 step's tokens; a token whose value is still on the device (the request's pending token, sampled by the step
 dispatched just before) gets prev_rows = its row in that step's sampler output instead of a value.
 An entry is made when a request is scheduled for the first time (or again, after preemption) and dropped when the
-scheduler reports it preempted or finished.
+scheduler reports it preempted or finished. A request with logit adjustments (bias, penalties, min_tokens) then
+takes one of max_num_seqs LogitState slots; its rows are in StepInputs.logit_writes for the runner to write to the
+device before the step samples (the device counts its sampled tokens from there on).
 
     logits rows:  | sampled rows, chunk order | padding | prompt-logprob rows | padding |
                     0 .. S-1                            S_max ..
@@ -29,7 +31,7 @@ from jaxllm.engine.scheduler import ScheduledChunk, SchedulerOutput
 from jaxllm.model import StepBatch
 from jaxllm.model.step_batch import lay_out_tokens
 from jaxllm.model.kv_cache import NULL_BLOCK
-from jaxllm.sampling_batch import RowSampling, SamplingBatch, pack_sampling_batch
+from jaxllm.sampling_batch import LogitState, RowSampling, SamplingBatch, pack_sampling_batch
 
 
 class CachedRequest:
@@ -42,9 +44,9 @@ class CachedRequest:
         self.num_tokens = len(known)  # tokens whose values are here
         self.block_table = np.full(max_blocks, NULL_BLOCK, np.int32)
         self.num_blocks = 0
-        self.sampling = RowSampling(request.sampling_params, request.prompt_token_ids, request.output_token_ids,
-                                    vocab_size, base_seed=base_seed, rng_stream=request.rng_stream,
-                                    eos_token_ids=eos_token_ids, wants_logprobs=request.needs_sample_logprobs)
+        self.sampling = RowSampling(request.sampling_params, len(request.output_token_ids), vocab_size,
+                                    base_seed=base_seed, rng_stream=request.rng_stream, eos_token_ids=eos_token_ids,
+                                    wants_logprobs=request.needs_sample_logprobs)
         self.sample_row = -1  # its row in the sampler output of the last step that sampled for it
 
     def sync_blocks(self, chunk: ScheduledChunk) -> None:
@@ -56,7 +58,6 @@ class CachedRequest:
     def append(self, token: int) -> None:
         self.tokens[self.num_tokens] = token
         self.num_tokens += 1
-        self.sampling.record(token)
 
 
 @dataclasses.dataclass
@@ -76,7 +77,8 @@ class StepInputs:
     prev_rows: np.ndarray  # [T] int32: -1, or the previous step's sampler row holding this token's value
     sampled: list[CachedRequest]  # in sampler-row order
     sample_key: ProgramKey | None
-    sampling: SamplingBatch | None  # adjustments None when no row has any (the runner supplies neutral ones)
+    sampling: SamplingBatch | None  # its state None: the runner's LogitState goes with it
+    logit_writes: list[tuple[int, LogitState]]  # (slot, its rows [V]) of requests taken on in this step
     prompt_spans: list[PromptSpan]
     prompt_targets: np.ndarray  # [P'] int32: the token each prompt-logprob row scores (P' % PROMPT_ROWS == 0)
 
@@ -94,11 +96,16 @@ class InputBatch:
         self.base_seed = base_seed
         self.eos_token_ids = eos_token_ids
         self.requests: dict[str, CachedRequest] = {}
+        self.num_logit_slots = buckets.max_num_seqs  # LogitState slots; slot num_logit_slots is the neutral one
+        self._free_slots = list(range(self.num_logit_slots - 1, -1, -1))
+        self._logit_writes: list[tuple[int, LogitState]] = []
 
     def forget(self, request_ids) -> None:
         """Drop the copies of requests that ended or were preempted."""
         for request_id in request_ids:
-            self.requests.pop(request_id, None)
+            cached = self.requests.pop(request_id, None)
+            if cached is not None and cached.sampling.slot is not None:
+                self._free_slots.append(cached.sampling.slot)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         self.forget([*out.finished_request_ids, *(r.request_id for r in out.preempted)])
@@ -117,8 +124,9 @@ class InputBatch:
         sample_key = sampling = None
         if sampled:
             sample_key = self.buckets.sample_key(len(sampled))
-            sampling = pack_sampling_batch([c.sampling for c in sampled], sample_key.size, self.vocab_size)
-        return StepInputs(key, batch, prev_rows, sampled, sample_key, sampling, spans, targets)
+            sampling = pack_sampling_batch([c.sampling for c in sampled], sample_key.size, self.num_logit_slots)
+        writes, self._logit_writes = self._logit_writes, []
+        return StepInputs(key, batch, prev_rows, sampled, sample_key, sampling, writes, spans, targets)
 
     def commit(self, inputs: StepInputs) -> None:
         """The step is dispatched: each sampled request now has a token on its way, in this sampler row."""
@@ -135,8 +143,19 @@ class InputBatch:
             cached = self.requests[request.request_id] = CachedRequest(
                 request, self.max_model_len, self.max_blocks, self.vocab_size, base_seed=self.base_seed,
                 eos_token_ids=self.eos_token_ids)
+            if cached.sampling.needs_state:
+                self._take_slot(cached)
         cached.sync_blocks(chunk)
         return cached
+
+    def _take_slot(self, cached: CachedRequest) -> None:
+        if not self._free_slots:
+            raise RuntimeError(f"all {self.num_logit_slots} logit-adjustment slots are taken: the runner holds more "
+                               "requests than max_num_seqs")
+        cached.sampling.slot = slot = self._free_slots.pop()
+        request = cached.request
+        self._logit_writes.append((slot, cached.sampling.state_rows(request.prompt_token_ids,
+                                                                    request.output_token_ids)))
 
     def _step_batch(self, chunks, cached, q_lens, starts) -> tuple[StepBatch, np.ndarray, ProgramKey]:
         """The forward's arrays, padded to its bucket: T tokens, min(T, max_num_seqs) sequence rows."""

@@ -3,8 +3,10 @@
     dispatch(SchedulerOutput):
         adapters newly assigned to LoRA slots written into them (one compiled program, slots donated)
         InputBatch.prepare -> StepInputs (numpy, padded to the buckets)
+        logit-adjustment rows of requests taken on written into their LogitState slots (state donated)
         -> forward program (kv donated) -> hidden rows [R, H], on the device
-        -> sampler program over the sampled rows' logits; prompt-logprob program over the prompt rows
+        -> sampler program over the sampled rows' logits, reading and counting into the LogitState (donated);
+           prompt-logprob program over the prompt rows
         returns an InflightStep at once: nothing waits for the device
     fetch(InflightStep): the step's one device-to-host copy -> SampleResults, prompt logprobs
 
@@ -34,7 +36,7 @@ from jaxllm.model.tensor_parallel import default_mesh, init_kv_cache
 from jaxllm.model.kernels import Kernels, select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
-from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch, neutral_adjustments
+from jaxllm.sampling_batch import empty_logit_state
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,9 @@ class ModelRunner:
         self._write_slot = None if lora is None else device_slots.slot_writer(mesh, self.config.num_layers)
         self.programs = StepPrograms(self.config, self.kernels, self.buckets, self.inputs.max_blocks, mesh,
                                      lora_slots=_abstract_placed(self.lora_slots))
-        self._neutral: dict[int, LogitAdjustments] = {}  # per S bucket, on the device: "no adjustments"
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self.logit_state = jax.device_put(empty_logit_state(self.inputs.num_logit_slots, self.config.vocab_size),
+                                          replicated)
         self._next_tokens = jax.device_put(np.zeros(self.buckets.num_sample_rows, np.int32))  # last step's samples
         self.token_counts = TokenCounts()
 
@@ -114,13 +118,15 @@ class ModelRunner:
     def dispatch(self, out: SchedulerOutput) -> InflightStep:
         self._load_adapters(out.lora_loads)
         inputs = self.inputs.prepare(out)
+        for slot, rows in inputs.logit_writes:
+            self.logit_state = self.programs.write_logit_rows(self.logit_state, np.int32(slot), rows)
         self.token_counts.add(out.num_tokens, inputs.forward_key.size)
         hidden, self.kv = self.programs.forward(inputs.forward_key, self.params, self.kv, inputs.batch,
                                                 self._next_tokens, inputs.prev_rows, self.lora_slots)
         sampled = None
         if inputs.sample_key is not None:
-            sampled, self._next_tokens = self.programs.sample(inputs.sample_key, self.params, hidden,
-                                                              self._with_adjustments(inputs.sampling))
+            sampled, self._next_tokens, self.logit_state = self.programs.sample(
+                inputs.sample_key, self.params, hidden, inputs.sampling, self.logit_state)
         prompt_out = []
         for first in range(0, len(inputs.prompt_targets), PROMPT_ROWS):
             prompt_out.append(self.programs.prompt_logprobs(self.params, hidden,
@@ -136,14 +142,6 @@ class ModelRunner:
             # the write program takes the adapter replicated over the mesh
             adapter = jax.device_put(adapter, NamedSharding(self.mesh, PartitionSpec()))
             self.lora_slots = self._write_slot(self.lora_slots, np.int32(slot), adapter)
-
-    def _with_adjustments(self, sampling: SamplingBatch) -> SamplingBatch:
-        if sampling.adjustments is not None:
-            return sampling
-        rows = len(sampling.temperature)
-        if rows not in self._neutral:
-            self._neutral[rows] = jax.device_put(neutral_adjustments(rows, self.config.vocab_size))
-        return sampling.replace(adjustments=self._neutral[rows])
 
     def fetch(self, step: InflightStep) -> tuple[dict[str, SampleResult], dict[str, PromptLogprobs]]:
         """Wait for the step; the sampled tokens join the cached requests. -> (results, prompt logprobs)."""

@@ -6,12 +6,16 @@
         lora: None, or the adapters' device slots (lora/device_slots.py): each linear then adds the delta of
         the adapter in its token's slot, batch.lora_slots [T] (model/lora_weight.py). Which adapters a step
         mixes is data: the program is the same.
-    sample(params, hidden, sampling) -> (SamplerOutput [S], next_tokens [S_max])
+    sample(params, hidden, sampling, state) -> (SamplerOutput [S], next_tokens [S_max], state)    state donated
         logits [S, V] = LM head of hidden[:S], on the device only; next_tokens is the prev_tokens of the next step.
+        state: the LogitState of the runner's slots (sampling_batch.py), read for the rows' adjustments; each
+        sampled token is counted into its row's slot.
+    write_logit_rows(state, slot, rows) -> state    state donated
+        A request's LogitState rows ([V] each) written into its slot, once, when the runner takes it on.
     prompt_logprobs(params, hidden, first_row, targets [P]) -> (logprob [P], rank [P], top ids [P, N], top lps [P, N])
         P = PROMPT_ROWS rows of hidden from first_row; N = MAX_LOGPROBS.
 
-StepPrograms has one method per program with its signature (forward, sample, prompt_logprobs); the ProgramKey is
+StepPrograms has one method per program with its signature (forward, sample, prompt_logprobs, write_logit_rows); the ProgramKey is
 the cache key of the compiled program. `compile_all` builds every program of the bucket set (warm-up); a program
 not built yet is built on first use and logged. Nothing else ever reaches XLA: the runner calls these only.
 `program(key)` is the jitted function with its static arguments, for lowering a program elsewhere (tests).
@@ -36,13 +40,14 @@ from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.tensor_parallel import default_mesh
 from jaxllm.model.params import params_dtype
-from jaxllm.sampler import sample, token_logprobs
-from jaxllm.sampling_batch import LogitAdjustments, SamplingBatch
+from jaxllm.sampler import count_sampled, sample, token_logprobs
+from jaxllm.sampling_batch import LogitState, SamplingBatch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
 PROMPT_LOGPROBS_KEY = ProgramKey("prompt_logprobs")
+WRITE_LOGIT_ROWS_KEY = ProgramKey("write_logit_rows")
 
 
 def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, config, kernels: Kernels, mesh):
@@ -60,10 +65,16 @@ def _logits(params, hidden, vocab_size: int, replicated: NamedSharding) -> jax.A
     return jax.lax.with_sharding_constraint(compute_logits(params, hidden, vocab_size), replicated)
 
 
-def _sample(params, hidden, sampling: SamplingBatch, *, num_rows: int, num_sample_rows: int, vocab_size: int,
-            replicated: NamedSharding):
+def _sample(params, hidden, sampling: SamplingBatch, state: LogitState, *, num_rows: int, num_sample_rows: int,
+            vocab_size: int, replicated: NamedSharding):
+    sampling = sampling.replace(state=state)
     out = sample(_logits(params, hidden[:num_rows], vocab_size, replicated), sampling)  # logits [S, V]
-    return out, jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
+    next_tokens = jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
+    return out, next_tokens, count_sampled(state, sampling, out.sampled_token_ids)
+
+
+def _write_logit_rows(state: LogitState, slot, rows: LogitState) -> LogitState:
+    return jax.tree.map(lambda table, row: table.at[slot].set(row), state, rows)
 
 
 def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int, replicated: NamedSharding):
@@ -100,7 +111,8 @@ class StepPrograms:
             "forward": jax.jit(functools.partial(_forward, config=config, kernels=kernels, mesh=mesh),
                                donate_argnums=(1,)),
             "sample": jax.jit(functools.partial(_sample, vocab_size=vocab, replicated=self._replicated),
-                              static_argnames=("num_rows", "num_sample_rows")),
+                              static_argnames=("num_rows", "num_sample_rows"), donate_argnums=(3,)),
+            "write_logit_rows": jax.jit(_write_logit_rows, donate_argnums=(0,)),
             "prompt_logprobs": jax.jit(functools.partial(_prompt_logprobs, vocab_size=vocab,
                                                          replicated=self._replicated)),
         }
@@ -112,13 +124,17 @@ class StepPrograms:
         """-> (hidden [R, H], kv); kv donated."""
         return self._run(key, params, kv, batch, prev_tokens, prev_rows, lora)
 
-    def sample(self, key: ProgramKey, params, hidden, sampling: SamplingBatch):
-        """-> (SamplerOutput [S], next_tokens [S_max])."""
-        return self._run(key, params, hidden, sampling)
+    def sample(self, key: ProgramKey, params, hidden, sampling: SamplingBatch, state: LogitState):
+        """-> (SamplerOutput [S], next_tokens [S_max], state); state donated."""
+        return self._run(key, params, hidden, sampling, state)
 
     def prompt_logprobs(self, params, hidden, first_row, targets):
         """-> (logprob [P], rank [P], top ids [P, N], top logprobs [P, N])."""
         return self._run(PROMPT_LOGPROBS_KEY, params, hidden, first_row, targets)
+
+    def write_logit_rows(self, state: LogitState, slot, rows: LogitState) -> LogitState:
+        """-> state with `rows` [V] in `slot`; state donated."""
+        return self._run(WRITE_LOGIT_ROWS_KEY, state, slot, rows)
 
     def program(self, key: ProgramKey) -> Program:
         if key.kind == "sample":
@@ -165,6 +181,9 @@ class StepPrograms:
         return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=self._replicated)
 
     def _example_args(self, key: ProgramKey, params, kv) -> tuple:
+        vocab = self.config.vocab_size
+        if key == WRITE_LOGIT_ROWS_KEY:
+            return self.abstract_logit_state(), _abstract((), jnp.int32), _abstract_logit_state((vocab,))
         hidden = _abstract((self.buckets.num_logits_rows, self.config.hidden_size), params_dtype(params))
         if key.kind == "forward":
             num_tokens = key.size
@@ -172,8 +191,12 @@ class StepPrograms:
                     _abstract((self.buckets.num_sample_rows,), jnp.int32), _abstract((num_tokens,), jnp.int32),
                     self.lora_slots)
         if key.kind == "sample":
-            return params, hidden, abstract_sampling_batch(key.size, self.config.vocab_size)
+            return params, hidden, abstract_sampling_batch(key.size), self.abstract_logit_state()
         return params, hidden, _abstract((), jnp.int32), _abstract((PROMPT_ROWS,), jnp.int32)
+
+    def abstract_logit_state(self) -> LogitState:
+        """The runner's LogitState: max_num_seqs slots and the neutral one (sampling_batch.py)."""
+        return _abstract_logit_state((self.buckets.max_num_seqs + 1, self.config.vocab_size))
 
     def abstract_step_batch(self, num_tokens: int, decode_only: bool) -> StepBatch:
         rows = self.buckets.num_seq_rows(num_tokens)
@@ -184,17 +207,24 @@ class StepPrograms:
                          lora_slots=None if self.lora_slots is None else tokens, decode_only=decode_only)
 
 
-def abstract_sampling_batch(num_rows: int, vocab_size: int) -> SamplingBatch:
-    """The sampler program's input: every field, adjustments included (neutral ones when no row has any)."""
-    rows, dense = (num_rows,), (num_rows, vocab_size)
-    adjustments = LogitAdjustments(_abstract(dense, jnp.float32), _abstract(dense, jnp.bool_),
-                                   _abstract(rows, jnp.float32), _abstract(dense, jnp.float32))
+def abstract_sampling_batch(num_rows: int) -> SamplingBatch:
+    """The sampler program's per-row input (its LogitState is an argument of its own)."""
+    rows = (num_rows,)
+
+    def column(dtype):
+        return _abstract(rows, dtype)
+
     return SamplingBatch(
-        temperature=_abstract(rows, jnp.float32), is_greedy=_abstract(rows, jnp.bool_),
-        top_k=_abstract(rows, jnp.int32), top_p=_abstract(rows, jnp.float32), min_p=_abstract(rows, jnp.float32),
-        rng_key_data=_abstract((num_rows, 2), jnp.uint32), rng_stream=_abstract(rows, jnp.uint32),
-        rng_counter=_abstract(rows, jnp.uint32), wants_logprobs=_abstract((), jnp.bool_),
-        has_adjustments=_abstract((), jnp.bool_), adjustments=adjustments)
+        temperature=column(jnp.float32), is_greedy=column(jnp.bool_), top_k=column(jnp.int32),
+        top_p=column(jnp.float32), min_p=column(jnp.float32), rng_key_data=_abstract((num_rows, 2), jnp.uint32),
+        rng_stream=column(jnp.uint32), rng_counter=column(jnp.uint32), slot=column(jnp.int32),
+        repetition_penalty=column(jnp.float32), frequency_penalty=column(jnp.float32),
+        presence_penalty=column(jnp.float32), masks_stop_ids=column(jnp.bool_),
+        wants_logprobs=_abstract((), jnp.bool_), has_adjustments=_abstract((), jnp.bool_))
+
+
+def _abstract_logit_state(shape) -> LogitState:
+    return LogitState(_abstract(shape, jnp.int32), _abstract(shape, jnp.int8), _abstract(shape, jnp.float32))
 
 
 def _abstract(shape, dtype) -> jax.ShapeDtypeStruct:

@@ -19,8 +19,7 @@ from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.request import Request
 from jaxllm.engine.scheduler import Scheduler
 from jaxllm.model.kernels import REFERENCE
-from jaxllm.engine.step_programs import StepPrograms, abstract_sampling_batch
-from jaxllm.sampling_batch import neutral_adjustments
+from jaxllm.engine.step_programs import WRITE_LOGIT_ROWS_KEY, StepPrograms, abstract_sampling_batch
 from jaxllm.sampling_params import SamplingParams
 
 PROGRAM_BUDGET = 64  # at the default engine arguments (README)
@@ -35,7 +34,8 @@ def test_program_set_at_the_defaults_is_within_budget(pallas):
     forward = [p for p in programs if p.kind == "forward"]
     assert len(forward) == (16 if pallas else 10)  # T = 1 .. 512 (+ decode-only T = 1 .. 64 on the Pallas path)
     assert sum(p.kind == "sample" for p in programs) == 7  # S = 1 .. 64
-    assert len(programs) == (24 if pallas else 18) <= PROGRAM_BUDGET
+    # + prompt logprobs and the logit-state write: one each
+    assert len(programs) == (25 if pallas else 19) <= PROGRAM_BUDGET
 
 
 def test_keys_round_up_and_refuse_what_cannot_happen():
@@ -107,9 +107,11 @@ def _check_shapes(step_inputs, programs: StepPrograms, program_set) -> None:
     if step_inputs.sample_key is not None:
         assert step_inputs.sample_key in program_set
         key, sampling = step_inputs.sample_key, step_inputs.sampling
-        if sampling.adjustments is None:  # as the runner does
-            sampling = sampling.replace(adjustments=neutral_adjustments(key.size, programs.config.vocab_size))
-        _same_shapes(sampling, abstract_sampling_batch(key.size, programs.config.vocab_size))
+        assert sampling.state is None  # the runner's LogitState goes with it
+        _same_shapes(sampling, abstract_sampling_batch(key.size))
+    for slot, rows in step_inputs.logit_writes:
+        assert 0 <= slot < programs.buckets.max_num_seqs
+        _same_shapes(rows, programs.example_args(WRITE_LOGIT_ROWS_KEY, None, None)[2])
     assert len(step_inputs.prompt_targets) % PROMPT_ROWS == 0
     assert len(step_inputs.prompt_targets) <= programs.buckets.num_logits_rows - programs.buckets.num_sample_rows
 

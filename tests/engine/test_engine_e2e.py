@@ -11,6 +11,7 @@ from tests.greedy_reference import greedy_generate
 from jaxllm.llm import LLM
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
 from jaxllm.sampling_params import SamplingParams
+from tests.unit.test_sampler import reference_adjust
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, detokenize=False)
 
@@ -151,7 +152,11 @@ def test_async_scheduling_changes_no_output(settings, model_dir, prompts):
               SamplingParams(temperature=0.9, top_p=0.8, seed=5, max_tokens=15, detokenize=False, logprobs=2),
               SamplingParams(n=2, temperature=1.0, max_tokens=7, min_tokens=3, stop_token_ids=[9],
                              detokenize=False),
-              SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=1, detokenize=False)]
+              SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=1, detokenize=False),
+              SamplingParams(temperature=0.0, max_tokens=10, repetition_penalty=1.4, frequency_penalty=0.6,
+                             presence_penalty=0.3, detokenize=False),  # penalties: counted on the device
+              SamplingParams(temperature=0.8, seed=9, max_tokens=10, logit_bias={5: 2.0}, frequency_penalty=1.2,
+                             logprobs=1, detokenize=False)]
     batch_params = [params[int(i)] for i in rng.randint(0, len(params), len(prompts))]
     runs = []
     for async_scheduling in (False, True):
@@ -162,6 +167,47 @@ def test_async_scheduling_changes_no_output(settings, model_dir, prompts):
         assert [(c.token_ids, c.finish_reason) for c in sync.outputs] == \
             [(c.token_ids, c.finish_reason) for c in ahead.outputs]
         assert _logprob_values(sync) == pytest.approx(_logprob_values(ahead), abs=1e-5)
+
+
+PENALIZED = [
+    SamplingParams(temperature=0.0, max_tokens=10, repetition_penalty=1.8, ignore_eos=True, detokenize=False),
+    SamplingParams(temperature=0.0, max_tokens=10, frequency_penalty=1.5, presence_penalty=0.5, ignore_eos=True,
+                   detokenize=False),
+    SamplingParams(temperature=0.0, max_tokens=10, logit_bias={7: 3.0, 11: 2.5}, frequency_penalty=2.0,
+                   min_tokens=4, stop_token_ids=[7], ignore_eos=True, detokenize=False),
+]
+
+
+def penalized_greedy_reference(loaded, prompt, params: SamplingParams, eos_token_ids) -> list[int]:
+    """Greedy decoding with the numpy reference adjustments on the whole sequence's logits, recomputed each step
+    (before min_tokens, EOS and the stop ids are masked)."""
+    block_size, num_tokens = 16, 64
+    table = list(range(1, 1 + num_tokens // block_size))
+    kv = init_kv_cache(loaded.config, 1 + len(table), block_size, np.float32)
+    forward = jit_forward(loaded.config)
+    output = []
+    while len(output) < params.max_tokens:
+        batch = build_step_batch([SequenceChunk(prompt + output, 0, table)], block_size, num_tokens=num_tokens)
+        logits, kv = forward(loaded.params, kv, batch)
+        masked = [*params.stop_token_ids, *eos_token_ids] if len(output) < params.min_tokens else []
+        output.append(int(reference_adjust(np.asarray(logits[0]), prompt, output, params, masked).argmax()))
+        if output[-1] in params.stop_token_ids and len(output) >= params.min_tokens:
+            break
+    return output
+
+
+@pytest.mark.parametrize("settings", [
+    dict(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24),  # preemption: the slot rows rewritten
+    dict(max_num_seqs=3, max_num_batched_tokens=16, async_scheduling=False),
+], ids=["preemption-async", "chunked-sync"])
+def test_penalties_counted_on_the_device_match_a_host_reference(settings, model_dir, prompts):
+    loaded = load_model(model_dir)
+    params = [PENALIZED[i % len(PENALIZED)] for i in range(len(prompts))]
+    llm = make_llm(model_dir, **settings)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    eos = llm.engine.runner.inputs.eos_token_ids
+    for prompt, p, out in zip(prompts, params, outputs):
+        assert out.outputs[0].token_ids == penalized_greedy_reference(loaded, prompt, p, eos)
 
 
 def _logprob_values(output) -> list[float]:

@@ -1,11 +1,12 @@
 """The Llama-3-8B step compiled for an H200: the forward reads every weight where it lies, and the engine's
-programs (forward, sampler, prompt logprobs) compile in bfloat16, with int4 AWQ weights, with LoRA slots and over
+programs (forward, sampler, prompt logprobs, logit-state write) compile in bfloat16, with int4 AWQ weights, with LoRA slots and over
 two devices.
 
 "Where it lies": no instruction of the compiled program writes a new array the shape of a weight (a weight sliced
 out of a layer stack, copied or converted before its GEMM would), no temporary buffer is as large as one weight,
 and the bytes the program's kernels move (deviceless.kernel_traffic, plus the K/V the attention reads) stay within
-1.15x of the weight and K/V bytes a batch-1 decode must read. The donated KV pool is aliased to the output.
+1.15x of the weight and K/V bytes a batch-1 decode must read. The donated KV pool is aliased to the output, and
+so is the donated logit state (penalty counts, flags and bias per slot) of the sampler and of its write program.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def compile_program(h200, programs, key: ProgramKey, params, kv):
 
 
 @pytest.mark.parametrize("key", [ProgramKey("forward", 1, decode_only=True), ProgramKey("forward", 512),
-                                 ProgramKey("sample", 256), ProgramKey("prompt_logprobs")], ids=str)
+                                 ProgramKey("sample", 256), ProgramKey("prompt_logprobs"),
+                                 ProgramKey("write_logit_rows")], ids=str)
 def test_engine_programs_compile_at_8b(h200, key):
     programs, params, kv = engine_programs(h200)
     report = compile_program(h200, programs, key, params, kv)
@@ -122,6 +124,8 @@ def test_engine_programs_compile_at_8b(h200, key):
         assert materialized(report.hlo, matrix_shapes(params)) == []
         kernel = "split_kv_paged_attention" if key.decode_only else "ragged_paged_attention"
         assert len(report.kernels_named(kernel)) == CONFIG.num_layers
+    if key.kind in ("sample", "write_logit_rows"):  # the donated logit state is updated in place
+        assert report.memory.alias_size_in_bytes == nbytes(programs.abstract_logit_state())
 
 
 @pytest.mark.parametrize("weights", ["bf16", "awq"])

@@ -17,6 +17,7 @@ from jaxllm.entrypoints.cli import build_parser, main
 from jaxllm.entrypoints.openai.api_server import engine_args
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.model.kernels import resolve_attention
+from jaxllm.sampling_batch import logit_state_bytes
 
 # A value other than the default for every field: the flags built from it must give it back.
 NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", quantization="awq", max_model_len=128,
@@ -181,13 +182,18 @@ def gpu(monkeypatch):
     return install
 
 
+VOCAB = 1000
+
+
 def _kv_budget(utilization: float) -> int:
-    loaded = SimpleNamespace(params={"w": WEIGHTS})
+    loaded = SimpleNamespace(params={"w": WEIGHTS}, config=SimpleNamespace(vocab_size=VOCAB))
     return EngineArgs(gpu_memory_utilization=utilization)._gpu_budget(loaded, PER_BLOCK)
 
 
 def _expected(usable: float) -> int:
-    return int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - WEIGHTS.nbytes)
+    """What is left for the KV cache: less the weights and the sampling state (max_num_seqs slots of the vocab)."""
+    return int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - WEIGHTS.nbytes
+               - logit_state_bytes(EngineArgs().max_num_seqs, VOCAB))
 
 
 def test_default_environment_budget_is_a_share_of_the_device_within_the_allocator_limit(gpu):

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from jaxllm.compile_counter import CompileCounter
-from jaxllm.sampler import BISECT_ROWS, NUM_CANDIDATES, apply_adjustments, apply_top_k_top_p_min_p, sample
-from jaxllm.sampling_batch import (RowSampling, SamplingRow, build_sampling_batch, neutral_adjustments,
+from jaxllm.sampler import (BISECT_ROWS, NUM_CANDIDATES, apply_adjustments, apply_top_k_top_p_min_p,
+                            count_sampled, sample)
+from jaxllm.sampling_batch import (IN_PROMPT, RowSampling, SamplingRow, build_sampling_batch, empty_logit_state,
                                    pack_sampling_batch)
 from jaxllm.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -147,7 +148,7 @@ def test_penalties_bias_and_min_tokens_match_reference():
     ]
     rows = [SamplingRow(p, prompt, output) for prompt, output, p, _ in cases]
     batch = build_sampling_batch(rows, 5, vocab, eos_token_ids=[eos])
-    got = np.asarray(jax.jit(apply_adjustments)(jnp.asarray(logits), batch.adjustments))
+    got = np.asarray(jax.jit(apply_adjustments)(jnp.asarray(logits), batch, batch.state))
     for i, (prompt, output, params, masked) in enumerate(cases):
         np.testing.assert_allclose(got[i], reference_adjust(logits[i], prompt, output, params, masked),
                                    rtol=1e-6, atol=1e-6, err_msg=f"case {i}")
@@ -163,20 +164,27 @@ def test_logit_bias_and_min_tokens_steer_greedy():
     assert out.sampled_token_ids.tolist() == [9, 7, 0]
 
 
-def test_incremental_rows_equal_rows_built_from_the_whole_history():
-    """The engine appends tokens to a RowSampling one by one; the packed batch equals one built from scratch."""
+def test_counts_on_the_device_equal_rows_built_from_the_whole_history():
+    """The engine writes a request's rows once, then the sampler counts each sampled token into its slot; the
+    state and the packed rows equal those built from the whole history, step after step."""
     vocab = 40
     params = SamplingParams(temperature=0.7, frequency_penalty=0.4, presence_penalty=-0.3, repetition_penalty=1.2,
                             logit_bias={3: 2.0}, min_tokens=5, stop_token_ids=[7], seed=11)
     prompt, output = [1, 2, 2, 30], [5, 5, 9, 5, 12, 39]
+    incremental = RowSampling(params, 0, vocab, eos_token_ids=[0])
+    incremental.slot = 0
+    state = empty_logit_state(2, vocab)
+    for table, values in zip(jax.tree.leaves(state), jax.tree.leaves(incremental.state_rows(prompt, []))):
+        table[0] = values
+    count = jax.jit(count_sampled)
     for step in range(len(output) + 1):
-        incremental = RowSampling(params, prompt, [], vocab, eos_token_ids=[0])
-        for token in output[:step]:
-            incremental.append(token)
         built = build_sampling_batch([SamplingRow(params, prompt, output[:step])], 2, vocab, eos_token_ids=[0])
-        packed = pack_sampling_batch([incremental], 2, vocab)
+        packed = pack_sampling_batch([incremental], 2, neutral_slot=2).replace(state=state)
         for got, want in zip(jax.tree.leaves(packed), jax.tree.leaves(built)):
             np.testing.assert_array_equal(got, want)
+        if step < len(output):
+            incremental.expect_token()
+            state = jax.tree.map(np.asarray, count(state, packed, jnp.array([output[step], 0], jnp.int32)))
 
 
 @pytest.mark.parametrize("requested", [None, 0, 7])
@@ -264,24 +272,26 @@ def test_padded_rows_produce_no_nan():
 def test_host_batch_padding_and_adjustments():
     vocab = 500
     plain = build_sampling_batch([row(), row(temperature=0.0)], 4, vocab)
-    assert plain.adjustments is None and not plain.wants_logprobs
+    assert plain.state is None and not plain.wants_logprobs
     assert plain.is_greedy.tolist() == [False, True, True, True] and plain.temperature.tolist() == [1.0] * 4
     assert build_sampling_batch([row(), row(logprobs=0)], 2, vocab).wants_logprobs
     long_prompt = build_sampling_batch([row(prompt=range(40), repetition_penalty=1.1), row(top_k=vocab)], 2, vocab)
-    adjust = long_prompt.adjustments
-    assert adjust.bias.shape == adjust.seen.shape == adjust.penalty.shape == (2, vocab)
+    state = long_prompt.state  # one slot per row, then the neutral slot
+    assert state.bias.shape == state.token_flags.shape == state.output_counts.shape == (3, vocab)
     assert long_prompt.top_k.tolist() == [0, 0]  # top_k >= vocab size is no filter
-    assert np.flatnonzero(adjust.seen[0]).tolist() == list(range(40)) and not adjust.seen[1].any()
-    assert adjust.repetition_penalty.tolist() == pytest.approx([1.1, 1.0])
+    assert long_prompt.slot.tolist() == [0, 2]  # the second row needs no slot: the neutral one
+    assert np.flatnonzero(state.token_flags[0] & IN_PROMPT).tolist() == list(range(40))
+    assert not state.token_flags[1:].any() and not state.output_counts.any() and not state.bias.any()
+    assert long_prompt.repetition_penalty.tolist() == pytest.approx([1.1, 1.0])
     done = build_sampling_batch([row(min_tokens=2, output=[5, 6], stop_token_ids=[9])], 1, vocab, eos_token_ids=[0])
-    assert done.adjustments is None
+    assert done.state is None
     with pytest.raises(ValueError, match="3 rows do not fit in num_rows=2"):
         build_sampling_batch([row()] * 3, 2, vocab)
 
 
 def test_one_compiled_program_serves_every_mix():
-    """For a given [R, V], with neutral adjustments standing in when no row has any (as the engine's runner
-    does): one program, whatever the rows ask, and neutral adjustments change nothing."""
+    """For a given [R, V], with an empty LogitState standing in when no row has adjustments (the engine's runner
+    always passes its state): one program, whatever the rows ask, and the empty state changes nothing."""
     sample_fn = jax.jit(lambda logits, batch: sample(logits, batch))  # a fresh function: its own cache
     vocab, num_rows = 300, 4
     logits = jnp.asarray(np.random.RandomState(5).randn(num_rows, vocab), jnp.float32)
@@ -291,11 +301,11 @@ def test_one_compiled_program_serves_every_mix():
                     [row(temperature=0.0, repetition_penalty=1.3)], [row(logit_bias={3: 1.0}, logprobs=2)],
                     [row(temperature=0.0, frequency_penalty=0.5, prompt=range(50), top_k=3)]]
     batches = [build_sampling_batch(rows, num_rows, vocab) for rows in compositions]
-    with_neutral = [b if b.adjustments is not None else b.replace(adjustments=neutral_adjustments(num_rows, vocab))
+    with_neutral = [b if b.state is not None else b.replace(state=empty_logit_state(num_rows, vocab))
                     for b in batches]
     with CompileCounter() as compiles:
         outs = [sample_fn(logits, batch) for batch in with_neutral]
     assert compiles.count == 1
     for batch, out in zip(batches, outs):
-        if batch.adjustments is None:  # the same tokens as without any adjustments
+        if batch.state is None:  # the same tokens as without any adjustments
             np.testing.assert_array_equal(out.sampled_token_ids, SAMPLE(logits, batch).sampled_token_ids)
