@@ -190,18 +190,18 @@ class LLMEngine:
                 self.runner.forget(out.finished_request_ids)
                 return
             now = time.monotonic()
-            for chunk in out.chunks:
-                self.processor.mark_scheduled(chunk.request, now)
+            for request in self.scheduler.scheduled_requests(out):
+                self.processor.mark_scheduled(request, now)
             self._inflight.append((out, self.runner.dispatch(out)))
 
     def _process(self, out: SchedulerOutput, results, prompt_logprobs) -> list[RequestOutput]:
-        ended_before = {c.request.request_id for c in out.chunks if c.request.status.finished}  # e.g. aborted
+        requests = self.scheduler.scheduled_requests(out)
+        ended_before = {id(r) for r in requests if r.status.finished}  # e.g. aborted while the step ran
         self.scheduler.update(out, {rid: r.token_id for rid, r in results.items()})
         self.num_steps += 1
         progressed = []
-        for chunk in out.chunks:
-            request = chunk.request
-            if request.request_id in ended_before:
+        for request in requests:
+            if id(request) in ended_before:
                 continue  # its token from this step is dropped
             if request.request_id in prompt_logprobs:
                 self.processor.record_prompt_logprobs(request, prompt_logprobs[request.request_id])

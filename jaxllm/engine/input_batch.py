@@ -26,8 +26,7 @@ import dataclasses
 import numpy as np
 
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
-from jaxllm.engine.request import Request
-from jaxllm.engine.scheduler import ScheduledChunk, SchedulerOutput
+from jaxllm.engine.scheduler import NewRequestData, ScheduledChunk, SchedulerOutput
 from jaxllm.model import StepBatch
 from jaxllm.model.step_batch import lay_out_tokens
 from jaxllm.model.kv_cache import NULL_BLOCK
@@ -35,25 +34,24 @@ from jaxllm.sampling_batch import LogitState, RowSampling, SamplingBatch, pack_s
 
 
 class CachedRequest:
-    def __init__(self, request: Request, max_len: int, max_blocks: int, vocab_size: int, *, base_seed: int,
+    def __init__(self, new: NewRequestData, max_len: int, max_blocks: int, vocab_size: int, *, base_seed: int,
                  eos_token_ids: tuple[int, ...]):
-        self.request = request
-        known = request.all_token_ids
+        self.request_id = new.request_id
+        self.data = new  # prompt and sampling parameters as scheduled; its outputs are those known then
+        known = new.prompt_token_ids + new.output_token_ids
         self.tokens = np.zeros(max_len, np.int32)
         self.tokens[:len(known)] = known
         self.num_tokens = len(known)  # tokens whose values are here
         self.block_table = np.full(max_blocks, NULL_BLOCK, np.int32)
         self.num_blocks = 0
-        self.sampling = RowSampling(request.sampling_params, len(request.output_token_ids), vocab_size,
-                                    base_seed=base_seed, rng_stream=request.rng_stream, eos_token_ids=eos_token_ids,
-                                    wants_logprobs=request.needs_sample_logprobs)
+        self.sampling = RowSampling(new.sampling_params, len(new.output_token_ids), vocab_size,
+                                    base_seed=base_seed, rng_stream=new.rng_stream, eos_token_ids=eos_token_ids,
+                                    wants_logprobs=new.needs_sample_logprobs)
         self.sample_row = -1  # its row in the sampler output of the last step that sampled for it
 
-    def sync_blocks(self, chunk: ScheduledChunk) -> None:
-        blocks = chunk.blocks
-        for i in range(self.num_blocks, len(blocks)):
-            self.block_table[i] = blocks[i].block_id
-        self.num_blocks = len(blocks)
+    def add_blocks(self, block_ids: list[int]) -> None:
+        self.block_table[self.num_blocks:self.num_blocks + len(block_ids)] = block_ids
+        self.num_blocks += len(block_ids)
 
     def append(self, token: int) -> None:
         self.tokens[self.num_tokens] = token
@@ -64,7 +62,7 @@ class CachedRequest:
 class PromptSpan:
     """Prompt-logprob rows of one chunk: prompt positions p (their logits score prompt token p + 1)."""
 
-    request: Request
+    cached: CachedRequest
     chunk_index: int  # its chunk's position in the step
     first_row: int  # index of its first row within the prompt-logprob rows
     positions: range
@@ -108,16 +106,16 @@ class InputBatch:
                 self._free_slots.append(cached.sampling.slot)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
-        self.forget([*out.finished_request_ids, *(r.request_id for r in out.preempted)])
+        self.forget([*out.finished_request_ids, *out.preempted_request_ids])
         chunks = out.chunks
         cached = [self._cached(c) for c in chunks]
         q_lens = np.fromiter((c.num_new_tokens for c in chunks), np.int32, len(chunks))
         starts = np.fromiter((c.num_computed_before for c in chunks), np.int32, len(chunks))
         batch, prev_rows, key = self._step_batch(chunks, cached, q_lens, starts)
         if self.lora:
-            batch = batch.replace(lora_slots=self._lora_slots(out, q_lens, len(batch.token_ids)))
+            batch = batch.replace(lora_slots=self._lora_slots(out, cached, q_lens, len(batch.token_ids)))
         sampled_rows = [i for i, c in enumerate(chunks) if c.samples]
-        spans = self._prompt_spans(chunks)
+        spans = self._prompt_spans(chunks, cached)
         batch.logits_indices[:len(sampled_rows)] = batch.query_start_loc[sampled_rows] + q_lens[sampled_rows] - 1
         targets = self._prompt_rows(chunks, cached, spans, batch)
         sampled = [cached[i] for i in sampled_rows]
@@ -133,19 +131,21 @@ class InputBatch:
         for row, cached in enumerate(inputs.sampled):
             cached.sample_row = row
             cached.sampling.expect_token()
-        for span in inputs.prompt_spans:
-            span.request.num_prompt_logprob_positions = span.positions.stop
 
     def _cached(self, chunk: ScheduledChunk) -> CachedRequest:
-        request = chunk.request
-        cached = self.requests.get(request.request_id)
-        if cached is None:
-            cached = self.requests[request.request_id] = CachedRequest(
-                request, self.max_model_len, self.max_blocks, self.vocab_size, base_seed=self.base_seed,
+        if chunk.new is not None:
+            self.forget([chunk.request_id])  # a stale copy (an id reused before its end was reported)
+            cached = self.requests[chunk.request_id] = CachedRequest(
+                chunk.new, self.max_model_len, self.max_blocks, self.vocab_size, base_seed=self.base_seed,
                 eos_token_ids=self.eos_token_ids)
             if cached.sampling.needs_state:
                 self._take_slot(cached)
-        cached.sync_blocks(chunk)
+        else:
+            cached = self.requests.get(chunk.request_id)
+            if cached is None:
+                raise RuntimeError(f"request {chunk.request_id!r} was scheduled as known to the runner, which "
+                                   "holds no copy of it")
+        cached.add_blocks(chunk.new_block_ids)
         return cached
 
     def _take_slot(self, cached: CachedRequest) -> None:
@@ -153,9 +153,8 @@ class InputBatch:
             raise RuntimeError(f"all {self.num_logit_slots} logit-adjustment slots are taken: the runner holds more "
                                "requests than max_num_seqs")
         cached.sampling.slot = slot = self._free_slots.pop()
-        request = cached.request
-        self._logit_writes.append((slot, cached.sampling.state_rows(request.prompt_token_ids,
-                                                                    request.output_token_ids)))
+        self._logit_writes.append((slot, cached.sampling.state_rows(cached.data.prompt_token_ids,
+                                                                    cached.data.output_token_ids)))
 
     def _step_batch(self, chunks, cached, q_lens, starts) -> tuple[StepBatch, np.ndarray, ProgramKey]:
         """The forward's arrays, padded to its bucket: T tokens, min(T, max_num_seqs) sequence rows."""
@@ -180,27 +179,22 @@ class InputBatch:
         return batch, prev_rows, key
 
     @staticmethod
-    def _lora_slots(out: SchedulerOutput, q_lens: np.ndarray, num_tokens: int) -> np.ndarray:
+    def _lora_slots(out: SchedulerOutput, cached: list[CachedRequest], q_lens: np.ndarray,
+                    num_tokens: int) -> np.ndarray:
         """[T] int32: each token's adapter slot (its request's), 0 for the base model and for padding."""
-        per_chunk = np.fromiter((out.lora_slot_of[c.request.lora_int_id] for c in out.chunks), np.int32,
-                                len(out.chunks))
+        per_chunk = np.fromiter((out.lora_slot_of[c.data.lora_int_id] for c in cached), np.int32, len(cached))
         slots = np.zeros(num_tokens, np.int32)
         slots[:int(q_lens.sum())] = np.repeat(per_chunk, q_lens)
         return slots
 
-    def _prompt_spans(self, chunks) -> list[PromptSpan]:
-        """Prompt positions needing logprobs, per chunk: each reported once, by the first sample (a request
-        preempted and recomputed skips those an earlier step already asked for)."""
+    @staticmethod
+    def _prompt_spans(chunks, cached) -> list[PromptSpan]:
+        """Prompt positions needing logprobs, per chunk, as the scheduler chose them."""
         spans, row = [], 0
         for i, chunk in enumerate(chunks):
-            request = chunk.request
-            if request.sampling_params.prompt_logprobs is None or request.sample_index:
-                continue
-            end = min(chunk.num_computed_before + chunk.num_new_tokens, request.num_prompt_tokens - 1)
-            positions = range(max(chunk.num_computed_before, request.num_prompt_logprob_positions), end)
-            if positions:
-                spans.append(PromptSpan(request, i, row, positions))
-                row += len(positions)
+            if chunk.prompt_logprob_positions:
+                spans.append(PromptSpan(cached[i], i, row, chunk.prompt_logprob_positions))
+                row += len(chunk.prompt_logprob_positions)
         return spans
 
     def _prompt_rows(self, chunks, cached, spans, batch) -> np.ndarray:

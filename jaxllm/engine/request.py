@@ -38,6 +38,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0
     num_prompt_logprob_positions: int = 0  # prompt positions whose logprobs a dispatched step computes
+    num_blocks_sent: int | None = None  # blocks the runner has been told of; None: the runner does not hold it
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     sample_index: int = 0  # which of the parent's samples (n, or best_of) this is
     ranked: bool = False  # one of best_of > n samples: its cumulative logprob decides whether it is returned

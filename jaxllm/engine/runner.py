@@ -27,8 +27,7 @@ from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.engine.input_batch import InputBatch, StepInputs
 from jaxllm.engine.output_processor import SampleResult
-from jaxllm.engine.request import Request
-from jaxllm.engine.scheduler import SchedulerOutput
+from jaxllm.engine.scheduler import NewRequestData, SchedulerOutput
 from jaxllm.engine.step_programs import StepPrograms
 from jaxllm.lora import device_slots
 from jaxllm.lora.manager import LoRAManager
@@ -153,8 +152,7 @@ class ModelRunner:
         results = {}
         for row, cached in enumerate(inputs.sampled):
             cached.append(int(tokens[row]))
-            request = cached.request
-            results[request.request_id] = _sample_result(sampled, row, int(tokens[row]), request)
+            results[cached.request_id] = _sample_result(sampled, row, int(tokens[row]), cached.data)
         return results, _prompt_logprobs(inputs, prompt_out)
 
 
@@ -163,7 +161,7 @@ def _abstract_placed(tree):
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
 
-def _sample_result(sampled, row: int, token: int, request: Request) -> SampleResult:
+def _sample_result(sampled, row: int, token: int, request: NewRequestData) -> SampleResult:
     """The row's token, with its logprob and rank when the request needs them, and its top-N when it asked."""
     if not request.needs_sample_logprobs:
         return SampleResult(token, 0.0, 0, [])
@@ -179,13 +177,13 @@ def _prompt_logprobs(inputs: StepInputs, prompt_out: list[tuple]) -> dict[str, P
     target, rank, top_ids, top_lp = (np.concatenate(parts) for parts in zip(*prompt_out))
     result: dict[str, PromptLogprobs] = {}
     for span in inputs.prompt_spans:
-        request = span.request
-        n = request.sampling_params.prompt_logprobs
+        cached = span.cached
+        n = cached.data.sampling_params.prompt_logprobs
         entries = []
         for j, position in enumerate(span.positions, start=span.first_row):
             entry = {int(t): Logprob(float(lp), rank=k + 1) for k, (t, lp) in enumerate(zip(top_ids[j][:n],
                                                                                           top_lp[j][:n]))}
-            entry.setdefault(request.prompt_token_ids[position + 1], Logprob(float(target[j]), rank=int(rank[j])))
+            entry.setdefault(int(cached.tokens[position + 1]), Logprob(float(target[j]), rank=int(rank[j])))
             entries.append(entry)
-        result[request.request_id] = entries
+        result[cached.request_id] = entries
     return result

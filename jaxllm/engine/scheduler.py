@@ -6,7 +6,10 @@ its num_tokens within a token budget (max_num_batched_tokens) and a sequence bud
            -> when the pool runs dry, the lowest-ranked running request is preempted: its blocks are freed and it
               goes back to the front of the waiting queue, to be recomputed (its output so far is kept)
 
-Host-only: the output is plain data (SchedulerOutput) that the runner turns into device arrays.
+Host-only: the output is plain data (SchedulerOutput: request ids, token counts, block ids, and a request's
+prompt, outputs and sampling parameters the first time the runner sees it), which the runner turns into device
+arrays from its own copy of each request; it never sees a Request. The scheduler keeps the Requests of each
+output it made (scheduled_requests) until update() takes that output's results.
 
 Scheduling commits a step: each chunk's tokens count as computed at once, and a chunk that samples leaves its
 request one pending token (sampled on the device, value not yet known here). So the next step can be scheduled
@@ -24,31 +27,45 @@ import time
 from collections import deque
 
 from jaxllm.config import SchedulerConfig
-from jaxllm.engine.block_pool import Block
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.request import Request, RequestStatus
 from jaxllm.lora.manager import LoRAManager
+from jaxllm.sampling_params import SamplingParams
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class NewRequestData:
+    """A request the runner does not hold yet (first scheduled, or again after preemption), as plain data."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # outputs known so far (a request recomputed after preemption has some)
+    sampling_params: SamplingParams
+    rng_stream: int
+    needs_sample_logprobs: bool
+    lora_int_id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class ScheduledChunk:
-    request: Request
+    """One request's share of a step, as plain data (the runner keeps its own copy of each request)."""
+
+    request_id: str
     num_new_tokens: int
     num_computed_before: int  # tokens already in the pool: the chunk starts at this position
-    blocks: list[Block]  # the request's blocks (the KV cache manager's list, not a copy)
+    new_block_ids: list[int]  # blocks allocated since the runner last heard of the request (all, when `new`)
     samples: bool  # the chunk reaches the request's newest token, so a new token is sampled after it
-
-    @classmethod
-    def of(cls, request: Request, num_new_tokens: int, blocks: list[Block]) -> "ScheduledChunk":
-        start = request.num_computed_tokens
-        return cls(request, num_new_tokens, start, blocks,
-                   start + num_new_tokens >= request.num_tokens + request.num_pending)
+    prompt_logprob_positions: range  # prompt positions p whose logits (scoring token p + 1) this chunk reports
+    new: NewRequestData | None = None  # set when the runner does not hold the request
 
 
 @dataclasses.dataclass
 class SchedulerOutput:
+    """What the runner gets: plain data only (ids, counts, token ids, block ids, sampling parameters)."""
+
+    step_id: int
     chunks: list[ScheduledChunk]  # running requests first, then newly admitted ones
-    preempted: list[Request]
+    preempted_request_ids: list[str]
     finished_request_ids: list[str] = dataclasses.field(default_factory=list)  # ended since the last schedule
     lora_loads: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (slot, lora id) to write first
     lora_slot_of: dict[int, int] = dataclasses.field(default_factory=lambda: {0: 0})  # lora id -> its slot
@@ -69,6 +86,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []  # ended since the last schedule (the runner drops their state)
+        self._num_steps = 0
+        self._scheduled: dict[int, list[Request]] = {}  # step_id -> the Requests of its chunks, until update()
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -119,7 +138,7 @@ class Scheduler:
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
+        chunks: list[tuple[Request, int]] = []  # (request, its new tokens)
         preempted: list[Request] = []
 
         index = 0
@@ -133,33 +152,63 @@ class Scheduler:
                 victim = self._lowest_ranked_running()
                 self._preempt(victim, chunks)
                 preempted.append(victim)
-                budget = self.config.max_num_batched_tokens - sum(c.num_new_tokens for c in chunks)
+                budget = self.config.max_num_batched_tokens - sum(n for _, n in chunks)
                 if victim is request:
                     break
                 index = min(index, self.running.index(request))
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted itself: `index` now points at the next request
-            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.blocks(request)))
+            chunks.append((request, num_new))
             budget -= num_new
             index += 1
 
         if not preempted:  # admitting while others are being evicted would only thrash
             budget = self._admit_waiting(chunks, budget)
-        for chunk in chunks:  # commit: the chunk's tokens count as computed, its sample as pending
-            chunk.request.num_computed_tokens += chunk.num_new_tokens
-            chunk.request.num_pending += chunk.samples
+        scheduled = [self._commit(request, num_new) for request, num_new in chunks]
         finished, self._finished_ids = self._finished_ids, []
-        out = SchedulerOutput(chunks, preempted, finished)
+        self._num_steps += 1
+        out = SchedulerOutput(self._num_steps, scheduled, [r.request_id for r in preempted], finished)
         if self.lora is not None:
             out.lora_loads, out.lora_slot_of = self.lora.take_loads(), {0: 0, **self.lora.slots}
+        if chunks:
+            self._scheduled[out.step_id] = [request for request, _ in chunks]
         return out
+
+    def scheduled_requests(self, out: SchedulerOutput) -> list[Request]:
+        """The Requests of out.chunks, in order (until update() takes out's results)."""
+        return self._scheduled.get(out.step_id, [])
+
+    def _commit(self, request: Request, num_new: int) -> ScheduledChunk:
+        """The chunk as plain data; its tokens now count as computed, its sample as pending, its prompt-logprob
+        positions as asked for."""
+        start = request.num_computed_tokens
+        samples = start + num_new >= request.num_tokens + request.num_pending
+        blocks = self.kv_cache.blocks(request)
+        new = None
+        if request.num_blocks_sent is None:  # the runner does not hold it
+            request.num_blocks_sent = 0
+            new = NewRequestData(request.request_id, list(request.prompt_token_ids),
+                                 list(request.output_token_ids), request.sampling_params, request.rng_stream,
+                                 request.needs_sample_logprobs, request.lora_int_id)
+        new_block_ids = [b.block_id for b in blocks[request.num_blocks_sent:]]
+        request.num_blocks_sent = len(blocks)
+        positions = range(0)
+        if request.sampling_params.prompt_logprobs is not None and request.sample_index == 0:
+            # each reported once, by the first sample (a request recomputed after preemption skips those an
+            # earlier step already asked for)
+            end = min(start + num_new, request.num_prompt_tokens - 1)
+            positions = range(max(start, request.num_prompt_logprob_positions), max(end, 0))
+            request.num_prompt_logprob_positions = max(request.num_prompt_logprob_positions, positions.stop)
+        request.num_computed_tokens += num_new
+        request.num_pending += samples
+        return ScheduledChunk(request.request_id, num_new, start, new_block_ids, samples, positions, new)
 
     def _finishes_with_pending_token(self, request: Request) -> bool:
         """The pending token takes the request to its length limit: it ends when that token arrives."""
         return request.num_pending > 0 and \
             request.num_tokens + request.num_pending >= request.max_total_tokens(self.config.max_model_len)
 
-    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
+    def _admit_waiting(self, chunks: list[tuple[Request, int]], budget: int) -> int:
         skipped: list[Request] = []
         busy = {r.lora_int_id for r in self.running} if self.lora is not None else set()  # adapters in use
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -191,7 +240,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             busy.add(request.lora_int_id)
-            chunks.append(ScheduledChunk.of(request, num_new, self.kv_cache.blocks(request)))
+            chunks.append((request, num_new))
             budget -= num_new
         for request in reversed(skipped):
             self._push_front(request)
@@ -212,13 +261,15 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]  # FCFS: the most recently admitted
 
-    def _preempt(self, victim: Request, chunks: list[ScheduledChunk]) -> None:
-        """Free the victim's blocks and requeue it for recomputation (dropping its chunk if already scheduled)."""
-        chunks[:] = [c for c in chunks if c.request is not victim]
+    def _preempt(self, victim: Request, chunks: list[tuple[Request, int]]) -> None:
+        """Free the victim's blocks and requeue it for recomputation (dropping its chunk if already scheduled);
+        the runner drops its copy (SchedulerOutput.preempted_request_ids) and is sent it anew when it runs again."""
+        chunks[:] = [(r, n) for r, n in chunks if r is not victim]
         self.running.remove(victim)
         self.kv_cache.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_blocks_sent = None
         victim.num_preemptions += 1
         self._push_front(victim)
 
@@ -228,13 +279,12 @@ class Scheduler:
         now fully computed with known tokens in the prefix cache, apply the token-level stop rules. Returns the
         requests that finished."""
         finished = []
-        for chunk in output.chunks:
-            request = chunk.request
+        for chunk, request in zip(output.chunks, self._scheduled.pop(output.step_id, [])):
             request.num_pending -= chunk.samples
             if request.status.finished:  # aborted, or stopped by an earlier step's token, while this one ran
                 continue
             if chunk.samples:
-                request.append_output(sampled[request.request_id])
+                request.append_output(sampled[chunk.request_id])
                 if request.first_token_time is None:
                     request.first_token_time = time.monotonic()
             if request.status is RequestStatus.RUNNING:

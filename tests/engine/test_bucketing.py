@@ -72,22 +72,42 @@ def test_every_scheduled_step_matches_a_program_of_the_set(pallas):
         if out.chunks:
             step_inputs = inputs.prepare(out)
             _check_shapes(step_inputs, programs, program_set)
+            _check_mirror(inputs, scheduler, {c.request_id for c in out.chunks if c.samples})
             seen |= {step_inputs.forward_key, step_inputs.sample_key}
             met["pending"] += bool((step_inputs.prev_rows >= 0).any())
-            met["preempted"] += bool(out.preempted)
+            met["preempted"] += bool(out.preempted_request_ids)
             met["prompt_rows"] += bool(step_inputs.prompt_spans)
             met["adjusted"] += bool(step_inputs.sampling is not None and step_inputs.sampling.has_adjustments)
             inputs.commit(step_inputs)
             in_flight.append((out, step_inputs))
+        else:
+            inputs.forget(out.finished_request_ids)  # as the engine does
         ahead = len(in_flight) == 2 or (in_flight and rng.random() < 0.5)  # sometimes wait, sometimes go ahead
         if in_flight and (ahead or not out.chunks):
             done, done_inputs = in_flight.pop(0)
-            tokens = {c.request.request_id: rng.randint(0, vocab - 1) for c in done.chunks if c.samples}
+            tokens = {c.request_id: rng.randint(0, vocab - 1) for c in done.chunks if c.samples}
             for cached in done_inputs.sampled:
-                cached.append(tokens[cached.request.request_id])
+                cached.append(tokens[cached.request_id])
             scheduler.update(done, tokens)
     assert len(seen - {None}) > (12 if pallas else 9)  # the walk met most of the set
     assert all(count > 10 for count in met.values()), met
+
+
+def _check_mirror(inputs: InputBatch, scheduler: Scheduler, sampled_now: set[str]) -> None:
+    """The runner's copies, built from plain scheduler outputs only, equal the scheduler's requests: the same
+    requests (the running ones), tokens, block tables, sampling parameters and dispatched-token counts."""
+    assert set(inputs.requests) == {r.request_id for r in scheduler.running}
+    tables = scheduler.kv_cache.block_tables()
+    for request in scheduler.running:
+        cached = inputs.requests[request.request_id]
+        assert cached.tokens[:cached.num_tokens].tolist() == request.all_token_ids
+        assert cached.block_table[:cached.num_blocks].tolist() == [b.block_id for b in tables[request.request_id]]
+        assert cached.data.sampling_params is request.sampling_params
+        # tokens sampled by steps dispatched before: known or pending (this step's sample counts at commit)
+        dispatched = len(request.output_token_ids) + request.num_pending - (request.request_id in sampled_now)
+        assert cached.sampling.num_output == dispatched
+    slots = [c.sampling.slot for c in inputs.requests.values() if c.sampling.slot is not None]
+    assert len(slots) == len(set(slots))  # no LogitState slot shared
 
 
 def _random_request(rng, request_id, vocab, max_model_len) -> Request:

@@ -49,8 +49,8 @@ def _run_mixed_workload(buckets: Buckets, max_num_seqs: int, max_num_batched_tok
         counts.add(out.num_tokens, step.forward_key.size)
         steps.append((out.num_tokens, step.forward_key.size))
         inputs.commit(step)
-        tokens = {c.request.request_id: int(rng.integers(0, VOCAB)) for c in out.chunks if c.samples}
+        tokens = {c.request_id: int(rng.integers(0, VOCAB)) for c in out.chunks if c.samples}
         for cached in step.sampled:
-            cached.append(tokens[cached.request.request_id])
+            cached.append(tokens[cached.request_id])
         scheduler.update(out, tokens)
     return counts, steps

@@ -30,13 +30,13 @@ def req(rid, prompt_len, max_tokens=4, start=0, **params):
 def run_step(scheduler, token=7):
     """Schedule one step and feed back `token` for every sampling chunk (a mock runner)."""
     out = scheduler.schedule()
-    sampled = {c.request.request_id: token for c in out.chunks if c.samples}
+    sampled = {c.request_id: token for c in out.chunks if c.samples}
     finished = scheduler.update(out, sampled)
     return out, finished
 
 
 def shape(out):
-    return [(c.request.request_id, c.num_new_tokens) for c in out.chunks]
+    return [(c.request_id, c.num_new_tokens) for c in out.chunks]
 
 
 def test_chunked_prefill_within_budget_then_decode_first():
@@ -104,7 +104,7 @@ def test_preemption_recomputes_latest_request_and_keeps_its_output():
     log = []
     while s.has_unfinished_requests():
         out, _ = run_step(s)
-        log.append((shape(out), [r.request_id for r in out.preempted], len(new.output_token_ids)))
+        log.append((shape(out), out.preempted_request_ids, len(new.output_token_ids)))
     preempt_steps = [i for i, (_, p, _) in enumerate(log) if p]
     assert [log[i][1] for i in preempt_steps] == [["new"]]  # FCFS: the most recently admitted goes
     kept = log[preempt_steps[0]][2]
@@ -164,12 +164,12 @@ def test_randomized_stress_keeps_pool_consistent(seed):
         if s.requests and rng.random() < 0.03:
             s.abort(rng.choice(list(s.requests)))
         out = s.schedule()
-        steps_with_preemption += bool(out.preempted)
-        s.update(out, {c.request.request_id: rng.randint(1, 9) for c in out.chunks if c.samples})
+        steps_with_preemption += bool(out.preempted_request_ids)
+        s.update(out, {c.request_id: rng.randint(1, 9) for c in out.chunks if c.samples})
         check_invariants(s, pool)
     while s.has_unfinished_requests():
         out = s.schedule()
-        s.update(out, {c.request.request_id: 5 for c in out.chunks if c.samples})
+        s.update(out, {c.request_id: 5 for c in out.chunks if c.samples})
         check_invariants(s, pool)
     assert steps_with_preemption > 0 and pool.prefix_cache_hits > 0  # the test exercised both
     assert all(b.ref_count == 0 for b in pool.blocks)

@@ -70,7 +70,7 @@ def test_requests_wait_while_every_slot_is_busy(tiny_model_dir, adapters):
 
     def recording_schedule():
         out = schedule()
-        seen.append({c.request.lora_int_id for c in out.chunks} - {0})
+        seen.append({r.lora_int_id for r in llm.engine.scheduler.scheduled_requests(out)} - {0})
         return out
 
     llm.engine.scheduler.schedule = recording_schedule
