@@ -98,9 +98,6 @@ class LoRAManager:
         self._loads.append((slot, lora_int_id))
         return slot
 
-    def slot_of(self, lora_int_id: int) -> int:
-        return 0 if lora_int_id == 0 else self._slots[lora_int_id]
-
     def take_loads(self) -> list[tuple[int, int]]:
         """(slot, lora id) pairs assigned since the last call, for the runner to write (a slot reassigned twice
         keeps its last adapter only)."""
