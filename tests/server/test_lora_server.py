@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 from jaxllm.entrypoints.openai.errors import OpenAIError
 from jaxllm.entrypoints.openai.serving_models import LoRAModule, ServedModels, parse_lora_module, \
     runtime_updating_allowed
+from tests.fake_devices import child_environment
 from tests.server.conftest import SERVED_NAME, free_port
 from tests.server.helpers import client
 
@@ -240,7 +240,7 @@ def serve(model, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "jaxllm.entrypoints.cli", "serve", str(model), "--port", str(free_port()),
            "--served-model-name", SERVED_NAME, "--no-warmup", "--log-level", "warning", *ENGINE_FLAGS, *flags]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                            env=child_environment())
 
 
 def assert_exits_with(process: subprocess.Popen, *words: str) -> None:

@@ -6,12 +6,12 @@ The GPU check script's run under the same blocking is tests/kernels/test_gpu_che
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 
 from tests.blocked_packages import run_blocked
+from tests.fake_devices import child_environment
 
 IMPORTS = textwrap.dedent("""
     import importlib
@@ -56,7 +56,7 @@ ORBAX_ROUND_TRIP = textwrap.dedent("""
 
 def test_orbax_checkpoint_loads_without_gguf(tmp_path):
     proc = run_blocked(f"CKPT = {str(tmp_path / 'ckpt')!r}\n" + ORBAX_ROUND_TRIP,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                       env=child_environment())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "LOADED" in proc.stdout
 
