@@ -44,6 +44,7 @@ def token_lists(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(max_num_seqs=16, max_num_batched_tokens=256),  # everything in one batch
     dict(max_num_seqs=4, max_num_batched_tokens=16),  # chunked prefill, mixed steps, queueing
@@ -61,6 +62,7 @@ def test_batched_greedy_equals_one_at_a_time(settings, model_dir, prompts, expec
         assert stats["prefix_cache_hits"] > 0
 
 
+@pytest.mark.slow
 def test_preemption_happens_and_output_is_unchanged(model_dir, prompts, expected):
     llm = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24)
     preempted = []
@@ -75,6 +77,7 @@ def test_preemption_happens_and_output_is_unchanged(model_dir, prompts, expected
     assert preempted, "the tiny pool was meant to force preemption"
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_independent_of_batch_and_n_shares_it(model_dir, prompts):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=7, ignore_eos=True, detokenize=False)
     alone = make_llm(model_dir, max_num_seqs=1).generate({"prompt_token_ids": prompts[2]}, params, use_tqdm=False)
@@ -139,6 +142,7 @@ def test_long_mixed_workload_uses_only_bucket_programs(model_dir):
     assert compiles.count == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24),  # preemption with tokens in flight
     dict(max_num_seqs=3, max_num_batched_tokens=16),  # chunked prefill, queueing

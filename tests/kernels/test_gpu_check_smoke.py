@@ -10,8 +10,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.blocked_packages import REPO, blocking_prelude, run_blocked
 from tests.fake_devices import child_environment
+
+pytestmark = pytest.mark.slow  # each test runs benchmarks/gpu_check.py on the CPU (~10 s to ~2 min)
 
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.py")
 SECTIONS = ["environment", "goal_decode_bf16", "goal_int4", "goal_engine", "correctness", "kernels", "awq", "lora",

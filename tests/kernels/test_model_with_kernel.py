@@ -39,7 +39,7 @@ def _steps(rng: np.random.Generator):
     ]
 
 
-@pytest.mark.parametrize("kernel", ["pallas", "cpu"])
+@pytest.mark.parametrize("kernel", [pytest.param("pallas", marks=pytest.mark.slow), "cpu"])  # pallas: interpreted
 def test_kernel_attention_model_matches_reference(kernel):
     params = random_params(CONFIG, jax.random.key(0), jnp.float32, scale=0.1)
     steps = _steps(np.random.default_rng(0))

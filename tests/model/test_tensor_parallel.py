@@ -174,12 +174,14 @@ def lowering_report_fixture() -> dict:
     return lowering_report()
 
 
+@pytest.mark.slow
 def test_sharded_logits_equal_one_device(worker_report):
     assert set(worker_report) == {f"{case}/tp{n}" for case, (_, sizes) in CASES.items() for n in sizes}
     diffs = {name: row["max_abs_diff"] for name, row in worker_report.items()}
     assert max(diffs.values()) < LOGITS_TOLERANCE, diffs
 
 
+@pytest.mark.slow
 def test_sharded_logits_equal_one_device_with_pallas_kernels_in_interpret_mode():
     """The ragged kernel (mixed steps) and the split-KV kernel (a decode-only step) on each device's heads."""
     report = forward_report("pallas", only=PALLAS_RUNS)
@@ -189,6 +191,7 @@ def test_sharded_logits_equal_one_device_with_pallas_kernels_in_interpret_mode()
     assert all(row["all_reduce"] == 2 * CASES[name.split("/")[0]][0].num_layers for name, row in report.items()), report
 
 
+@pytest.mark.slow
 def test_sharded_step_lowers_for_cuda_with_the_triton_kernels_on_local_shapes(lowering_report):
     """One Triton call per layer, traced on the device's share: its query heads and its part of the pool; each
     layer's two all-reduces around it."""
@@ -204,6 +207,7 @@ def test_sharded_step_lowers_for_cuda_with_the_triton_kernels_on_local_shapes(lo
         assert {q, pool} <= set(row["kernel_operands"][0]), (name, row["kernel_operands"])
 
 
+@pytest.mark.slow
 def test_engine_step_programs_over_a_mesh_lower_for_cuda(lowering_report):
     """Every program of the engine's bucket set (StepPrograms with a mesh): forwards with a Triton kernel and two
     all-reduces, the sampler and prompt logprobs on the vocabulary-split LM head."""
@@ -216,6 +220,7 @@ def test_engine_step_programs_over_a_mesh_lower_for_cuda(lowering_report):
         assert (row["triton"], row["all_reduce"]) == want, (name, row)
 
 
+@pytest.mark.slow
 def test_each_device_holds_its_share_and_a_layer_all_reduces_twice(worker_report):
     layout = {n: worker_report[f"kv8/tp{n}"] for n in (1, 2, 4, 8)}
     cfg = CASES["kv8"][0]

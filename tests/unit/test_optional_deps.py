@@ -54,6 +54,7 @@ ORBAX_ROUND_TRIP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_orbax_checkpoint_loads_without_gguf(tmp_path):
     proc = run_blocked(f"CKPT = {str(tmp_path / 'ckpt')!r}\n" + ORBAX_ROUND_TRIP,
                        env=child_environment())
@@ -98,6 +99,7 @@ def test_loading_a_gguf_without_gguf_names_the_package(tiny_gguf):
     assert f"RAISED {GGUF_MESSAGE}" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_names_the_missing_package(tiny_gguf):
     """`jaxllm generate` on a GGUF and `jaxllm serve` without their packages: one line naming it, status 2."""
     run_cli = "import sys\nfrom jaxllm.entrypoints.cli import main\nsys.exit(main(sys.argv[1:]))\n"
