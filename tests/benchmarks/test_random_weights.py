@@ -54,6 +54,7 @@ def test_awq_params_pack_every_linear_and_share_the_base_arrays():
     assert f16.layers[0].wo.scales.dtype == jnp.float16
 
 
+@pytest.mark.slow
 def test_awq_params_run_through_the_forward():
     params = device_random_awq_params(CONFIG, group_size=64)
     kv = init_kv_cache(CONFIG, 4, 16, jnp.bfloat16)

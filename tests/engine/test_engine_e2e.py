@@ -127,6 +127,7 @@ def test_logprobs_are_log_softmax_of_model_logits(model_dir):
         sum(logprobs[len(prompt) - 1 + i][t] for i, t in enumerate(out.outputs[0].token_ids)), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_long_mixed_workload_uses_only_bucket_programs(model_dir):
     llm = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=32)
     rng = np.random.RandomState(1)
