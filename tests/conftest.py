@@ -1,13 +1,19 @@
 """Shared fixtures: tiny random-weight Hugging Face models of every supported architecture variant, and AWQ
-checkpoints of them written by `jaxllm quantize`."""
+checkpoints of them written by `jaxllm quantize`. First of all, before anything imports JAX: the test process's
+fake CPU devices (tests/fake_devices.py), so that tensor-parallel tests run in-process on jax.devices()[:N]."""
 
 from __future__ import annotations
 
-import shutil
+from tests.fake_devices import use_fake_devices
 
-import pytest
+use_fake_devices()
 
-from tests.tiny_models import AWQ_GROUP, VARIANTS, byte_tokenizer, save_tiny_hf_model, save_tiny_model_with_tokenizer
+import shutil  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.tiny_models import (AWQ_GROUP, VARIANTS, byte_tokenizer, save_tiny_hf_model,  # noqa: E402
+                               save_tiny_model_with_tokenizer)
 
 
 @pytest.fixture(scope="session")

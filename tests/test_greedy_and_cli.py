@@ -59,6 +59,7 @@ CLI_WITHOUT_TORCH = ("import sys; sys.modules['torch'] = None; from jaxllm.entry
                      "sys.exit(main(sys.argv[1:]))")
 
 
+@pytest.mark.slow
 def test_cli_without_torch_prints_no_pytorch_advice(tiny_model_with_tokenizer):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_")}
     result = subprocess.run([sys.executable, "-c", CLI_WITHOUT_TORCH, "generate", "Hello", "--model",

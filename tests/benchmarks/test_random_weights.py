@@ -37,6 +37,7 @@ def test_dense_params_have_the_model_structure_and_distinct_layers():
     assert np.array_equal(np.asarray(again.lm_head), np.asarray(params.lm_head))  # seeded
 
 
+@pytest.mark.slow
 def test_awq_params_pack_every_linear_and_share_the_base_arrays():
     base = device_random_params(CONFIG, dtype=jnp.bfloat16)
     params = device_random_awq_params(CONFIG, seed=1, group_size=128, base=base)
@@ -53,6 +54,7 @@ def test_awq_params_pack_every_linear_and_share_the_base_arrays():
     assert f16.layers[0].wo.scales.dtype == jnp.float16
 
 
+@pytest.mark.slow
 def test_awq_params_run_through_the_forward():
     params = device_random_awq_params(CONFIG, group_size=64)
     kv = init_kv_cache(CONFIG, 4, 16, jnp.bfloat16)

@@ -26,6 +26,7 @@ def _load_script():
     return module
 
 
+@pytest.mark.slow
 def test_throughput_script_tiny_random_weights(tmp_path):
     out = tmp_path / "result.json"
     _load_script().main(["--random-weights", "--config", "tiny", "--num-prompts", "6", "--input-len", "8",

@@ -9,6 +9,8 @@ from jaxllm.engine.engine import LLMEngine
 from jaxllm.llm import LLM
 from jaxllm.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # each test runs an engine over many samples (~5-10 s)
+
 PROMPT = [5, 6, 7, 8]
 
 

@@ -32,6 +32,7 @@ def test_delta_stream_adds_up_to_the_cumulative_output(tiny_model_dir):
     assert steps_with_both == 10  # both requests ran in every step: continuous batching
 
 
+@pytest.mark.slow
 def test_abort_mid_generation_frees_blocks_and_others_finish(tiny_model_dir):
     engine = make_engine(tiny_model_dir("llama2")[0])
     engine.add_request("keep", [1, 2, 3], PARAMS)
@@ -94,6 +95,7 @@ def test_a_failure_while_adding_leaves_nothing_behind(tiny_model_dir, monkeypatc
         engine.step()
 
 
+@pytest.mark.slow
 def test_samples_of_one_prompt_run_together_with_async_scheduling(tiny_model_dir):
     """The siblings of an n > 1 request wait only for the first sample's prompt blocks, not for it to finish."""
     engine = make_engine(tiny_model_dir("llama2")[0], async_scheduling=True)

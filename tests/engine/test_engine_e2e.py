@@ -45,6 +45,7 @@ def token_lists(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(max_num_seqs=16, max_num_batched_tokens=256),  # everything in one batch
     dict(max_num_seqs=4, max_num_batched_tokens=16),  # chunked prefill, mixed steps, queueing
@@ -62,6 +63,7 @@ def test_batched_greedy_equals_one_at_a_time(settings, model_dir, prompts, expec
         assert stats["prefix_cache_hits"] > 0
 
 
+@pytest.mark.slow
 def test_preemption_happens_and_output_is_unchanged(model_dir, prompts, expected):
     llm = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24)
     preempted = []
@@ -76,6 +78,7 @@ def test_preemption_happens_and_output_is_unchanged(model_dir, prompts, expected
     assert preempted, "the tiny pool was meant to force preemption"
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_independent_of_batch_and_n_shares_it(model_dir, prompts):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=7, ignore_eos=True, detokenize=False)
     alone = make_llm(model_dir, max_num_seqs=1).generate({"prompt_token_ids": prompts[2]}, params, use_tqdm=False)
@@ -125,6 +128,7 @@ def test_logprobs_are_log_softmax_of_model_logits(model_dir):
         sum(logprobs[len(prompt) - 1 + i][t] for i, t in enumerate(out.outputs[0].token_ids)), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_long_mixed_workload_uses_only_bucket_programs(model_dir):
     llm = make_llm(model_dir, max_num_seqs=8, max_num_batched_tokens=32)
     rng = np.random.RandomState(1)
@@ -140,6 +144,7 @@ def test_long_mixed_workload_uses_only_bucket_programs(model_dir):
     assert compiles.count == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24),  # preemption with tokens in flight
     dict(max_num_seqs=3, max_num_batched_tokens=16),  # chunked prefill, queueing

@@ -32,6 +32,7 @@ def forced(**params) -> SamplingParams:
                           detokenize=False, **params)
 
 
+@pytest.mark.slow
 def test_secondary_eos_ids_stop_and_are_masked_before_min_tokens(model_dir):
     llm = LLM(str(model_dir), skip_tokenizer=True, max_model_len=64, block_size=4)
     prompt = {"prompt_token_ids": [5, 6, 7, 8]}

@@ -4,7 +4,7 @@ tokens one process alone gives (tests/engine/multihost_worker.py); settings are 
 from __future__ import annotations
 
 import json
-import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +14,7 @@ import pytest
 from jaxllm.engine import distributed
 from jaxllm.engine.args import EngineArgs
 from tests.engine.multihost_cases import ENGINE_ARGS, prompts, sampling_params
+from tests.fake_devices import child_environment
 from tests.server.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def run_processes(model: str, devices_per_process: int, through_environment: boo
     address = f"127.0.0.1:{free_port()}"
     procs = []
     for process_id in range(2):
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        env = child_environment()  # the worker sets its own device count
         command = [sys.executable, "-m", "tests.engine.multihost_worker", model,
                    "--devices-per-process", str(devices_per_process)]
         settings = {"num_processes": "2", "process_id": str(process_id), "coordinator_address": address}
@@ -96,9 +97,18 @@ def test_one_process_changes_nothing():
     distributed.initialize(group)  # a no-op: JAX already runs in this process
     assert distributed.tensor_parallel_size(None, group) is None
     assert distributed.tensor_parallel_size(2, group) == 2
-    with pytest.raises(ValueError, match=r"^tensor_parallel_size 3: 2 processes split the model over all their 1 "
-                                         r"devices; set it to 1 or leave it unset$"):
-        distributed.tensor_parallel_size(3, distributed.ProcessGroup(2, 0, "h:1"))
+    # a group's size is checked against every device of its processes: in a process with one device (this one has
+    # the suite's fake devices)
+    check = ("from jaxllm.engine import distributed\n"
+             "try:\n"
+             "    distributed.tensor_parallel_size(3, distributed.ProcessGroup(2, 0, 'h:1'))\n"
+             "except ValueError as e:\n"
+             "    print(e)\n")
+    result = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env=child_environment())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.match(r"^tensor_parallel_size 3: 2 processes split the model over all their 1 devices; set it to 1 or "
+                    r"leave it unset$", result.stdout.strip()), result.stdout
 
 
 def test_the_settings_are_flags():

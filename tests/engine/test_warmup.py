@@ -47,6 +47,7 @@ def _random_prompt(rng: np.random.RandomState, shared: list[int]) -> list[int] |
     return shared[:length // 2] + tokens[length // 2:] if rng.rand() < 0.5 else tokens  # prefix-cache hits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 def test_randomized_workload_after_warmup_compiles_nothing(tiny_model_with_tokenizer, async_scheduling):
     engine = LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), max_model_len=MAX_MODEL_LEN, block_size=8,
@@ -79,6 +80,7 @@ def test_randomized_workload_after_warmup_compiles_nothing(tiny_model_with_token
     assert engine.stats()["prefix_cache_hits"] > 0
 
 
+@pytest.mark.slow
 def test_pallas_path_compiles_per_token_bucket_and_decode_flag_only(tiny_model_dir):
     """Interpret mode on CPU: contexts and query lengths of every size meet only the (T, decode-only) programs."""
     engine = LLMEngine(EngineArgs(model=str(tiny_model_dir("llama3")[0]), skip_tokenizer=True, attention="pallas",

@@ -10,7 +10,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.blocked_packages import REPO, blocking_prelude, run_blocked
+from tests.fake_devices import child_environment
+
+pytestmark = pytest.mark.slow  # each test runs benchmarks/gpu_check.py on the CPU (~10 s to ~2 min)
 
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.py")
 SECTIONS = ["environment", "goal_decode_bf16", "goal_int4", "goal_engine", "correctness", "kernels", "awq", "lora",
@@ -20,7 +25,7 @@ TIMEOUT_S = 600  # about a minute alone on 2 CPU cores; the margin is for a mach
 
 
 def smoke(tmp_path, *argv: str, **kwargs):
-    env = dict(os.environ, OUT=str(tmp_path), JAX_PLATFORMS="cpu")
+    env = child_environment(OUT=str(tmp_path))
     return run_blocked(RUN_SCRIPT.format(argv=["--cpu-smoke", *argv]), cwd=tmp_path, env=env, **kwargs)
 
 
@@ -85,7 +90,7 @@ def test_gpu_check_keeps_its_budget(tmp_path):
 def test_gpu_check_killed_keeps_the_finished_sections(tmp_path):
     """SIGTERM (what `timeout` sends) after the first goal: its line is on disk, and the section it interrupted
     reports what it had."""
-    env = dict(os.environ, OUT=str(tmp_path), JAX_PLATFORMS="cpu", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    env = child_environment(OUT=str(tmp_path), PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     code = blocking_prelude() + RUN_SCRIPT.format(argv=["--cpu-smoke"])
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

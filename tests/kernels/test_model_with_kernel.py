@@ -39,6 +39,7 @@ def _steps(rng: np.random.Generator):
     ]
 
 
+@pytest.mark.slow  # a 20-step model run per kernel (pallas: interpreted)
 @pytest.mark.parametrize("kernel", ["pallas", "cpu"])
 def test_kernel_attention_model_matches_reference(kernel):
     params = random_params(CONFIG, jax.random.key(0), jnp.float32, scale=0.1)

@@ -1,36 +1,68 @@
 """Loading a model split over N devices places each device's part straight from the host: device 0 never holds more
 than its own share (about 1/N of the model, plus the replicated embedding and norms), where loading it whole first
-held the whole model there. Safetensors, GGUF and orbax sources, at N = 4 (and 2), on fake CPU devices in a
-subprocess (sharded_load_worker.py); the values equal the previous path's bit for bit."""
+held the whole model there. Safetensors, GGUF and orbax sources, at N = 4 (and 2), on the test process's fake CPU
+devices (tests/conftest.py); the values equal the previous path's bit for bit."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+import gc
 
+import jax
+import numpy as np
 import pytest
 
 from jaxllm.loaders import load_model, save_checkpoint
+from jaxllm.loaders.place import DevicePeak
+from jaxllm.model import tensor_parallel as tp
+from jaxllm.model.params import param_bytes
 from tests.tiny_models import write_gguf
 
-REPO = Path(__file__).resolve().parents[2]
+
+def measure(model: str, n: int) -> dict:
+    """What device 0 held loading `model` split over N devices:
+        peak       most bytes of live arrays on device 0 during the load (sampled after each array is placed)
+        share      device 0's bytes once loaded
+        replicated bytes of the arrays every device holds whole
+        laid_out   bytes of the loaded params, each array counted once
+        whole      bytes of the same model loaded on one device
+        equal      the values and shardings equal the previous path's: loaded whole on one device, laid out there
+                   (tensor_parallel.shard_major_params on device arrays), then split with jax.device_put
+        previous_peak  device 0's peak along that previous path (the gauge sees a whole-model copy)"""
+    gc.collect()  # the gauges count live arrays above their baseline: earlier tests' garbage must not go mid-load
+    mesh = tp.make_mesh(n)
+    device0 = mesh.devices.flat[0].id
+    gauge = DevicePeak()
+    loaded = load_model(model, mesh=mesh, on_placed=gauge.sample)
+    gauge.sample()
+    leaves = jax.tree.leaves(loaded.params)
+    row = {"peak": gauge.peak.get(device0, 0),
+           "share": sum(leaf.addressable_shards[0].data.nbytes for leaf in leaves),
+           "replicated": sum(leaf.nbytes for leaf in leaves if leaf.sharding.is_fully_replicated),
+           "laid_out": sum(leaf.nbytes for leaf in leaves)}
+    previous = DevicePeak()
+    whole = load_model(model, on_placed=previous.sample)
+    row["whole"] = param_bytes(whole.params)
+    laid_out = tp.shard_major_params(whole.params, whole.config, n)
+    previous.sample()
+    reference = jax.device_put(laid_out, tp.param_shardings(laid_out, mesh))
+    previous.sample()
+    row["previous_peak"] = previous.peak.get(device0, 0)  # above what the sharded load left there
+    row["equal"] = all(a.sharding == b.sharding and a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+                       for a, b in zip(leaves, jax.tree.leaves(reference), strict=True))
+    return row
 
 
 @pytest.fixture(scope="module")
 def report(tiny_model_dir, tmp_path_factory) -> dict:
+    """{"NAME/tpN": measure's row}."""
     directory, hf_model = tiny_model_dir("llama2")  # 4 query and 4 KV heads: N = 4 splits every head axis evenly
     tmp = tmp_path_factory.mktemp("sharded-loading")
     gguf = write_gguf(hf_model, tmp / "model.gguf")
     bf16 = load_model(directory, dtype="bfloat16")
     checkpoint = save_checkpoint(tmp / "checkpoint", bf16.config, bf16.params)
-    cases = [f"hf={directory}=2,4", f"gguf={gguf}=4", f"orbax-bf16={checkpoint}=4"]
-    result = subprocess.run([sys.executable, "-m", "tests.loaders.sharded_load_worker", *cases], cwd=REPO,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    del bf16
+    cases = {"hf": (directory, (2, 4)), "gguf": (gguf, (4,)), "orbax-bf16": (checkpoint, (4,))}
+    return {f"{name}/tp{n}": measure(str(model), n) for name, (model, sizes) in cases.items() for n in sizes}
 
 
 def test_device_0_holds_at_most_its_share_while_loading(report):

@@ -37,6 +37,7 @@ def adapters(peft_adapter):
     return made
 
 
+@pytest.mark.slow
 def test_a_mixed_batch_equals_each_run_alone(tiny_model_dir, adapters):
     directory, base = tiny_model_dir("llama3")
     llm = engine(directory)
@@ -48,6 +49,7 @@ def test_a_mixed_batch_equals_each_run_alone(tiny_model_dir, adapters):
     assert mixed == [hf_greedy(model, prompt, GREEDY.max_tokens) for prompt, model in zip(PROMPTS, models)]
 
 
+@pytest.mark.slow
 def test_more_adapters_than_slots_swap_and_equal_their_solo_runs(tiny_model_dir, peft_adapter):
     directory, _ = tiny_model_dir("llama3")
     made = [peft_adapter("llama3", f"swap{i}", rank=4) for i in range(8)]
@@ -61,6 +63,7 @@ def test_more_adapters_than_slots_swap_and_equal_their_solo_runs(tiny_model_dir,
     assert run(llm, prompts[:1], loras[:1]) == expected[:1]  # read again from its directory after host eviction
 
 
+@pytest.mark.slow
 def test_requests_wait_while_every_slot_is_busy(tiny_model_dir, adapters):
     """max_loras=1: two adapters never share a step; both requests finish with their own adapter's tokens."""
     directory, _ = tiny_model_dir("llama3")
@@ -99,6 +102,7 @@ def test_prefix_cache_hits_never_cross_adapters(tiny_model_dir, adapters):
     assert again_a[0] == 2 and again_a[1] == first_a[1]  # the same adapter hits both blocks, same tokens
 
 
+@pytest.mark.slow
 def test_programs_do_not_depend_on_which_adapters_are_mixed(tiny_model_dir, adapters):
     directory, _ = tiny_model_dir("llama3")
     llm = engine(directory, warmup=True, max_loras=2)

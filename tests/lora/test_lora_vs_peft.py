@@ -58,6 +58,7 @@ def test_logits_equal_the_merged_peft_model(arch, options, tiny_model_dir, peft_
         np.testing.assert_allclose(logits[13 * row:13 * (row + 1)], want, atol=F32_TOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_the_merged_model_over_32_steps(tiny_model_dir, peft_adapter):
     directory, hf_model = tiny_model_dir("llama3")
     adapters = {name: peft_adapter("llama3", name, rank=rank) for name, rank in (("x", 8), ("y", 4))}

@@ -170,6 +170,7 @@ def test_a_refused_adapter_fails_only_its_request(tiny_model_dir, adapter_copy, 
         llm.generate({"prompt_token_ids": [1, 2, 3]}, params, use_tqdm=False, lora_request=good)
 
 
+@pytest.mark.slow
 def test_an_adapter_removed_while_in_use_serves_its_running_requests_to_the_end(tiny_model_dir, peft_adapter):
     from tests.lora.adapters import hf_greedy
 

@@ -1,16 +1,11 @@
 """The weight seam (jaxllm/model/weights.py): a weight format defined here, outside the library, runs the Llama forward
 and the tensor-parallel layout and placement with no change to layer code. Two test-only formats stand in for the
 real ones to come: a per-row scaled weight (the shape of int8/int4 formats' scales) and a weight with a low-rank
-delta (LoRA's). Sharded forwards at N = 2 and 4 run on fake CPU devices in a subprocess (weight_seam_worker.py)."""
+delta (LoRA's). Sharded forwards at N = 2 and 4 run on the test process's fake CPU devices (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,7 +20,6 @@ from jaxllm.model import tensor_parallel as tp
 from jaxllm.model.kernels import REFERENCE
 from jaxllm.model.params import LINEAR_FIELDS
 
-REPO = Path(__file__).resolve().parents[2]
 LOGITS_TOLERANCE = 1e-5  # float32
 
 
@@ -179,10 +173,12 @@ def test_a_format_runs_the_sharded_forward_on_one_device(name):
     np.testing.assert_allclose(np.asarray(got), dense_logits(cfg), rtol=0, atol=LOGITS_TOLERANCE)
 
 
-def test_a_format_runs_the_sharded_forward_on_several_devices():
-    result = subprocess.run([sys.executable, "-m", "tests.model.weight_seam_worker"], cwd=REPO, capture_output=True,
-                            text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    diffs = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(diffs) == {f"{name}/tp{n}" for name in FORMATS for n in (2, 4)}
-    assert max(diffs.values()) < LOGITS_TOLERANCE, diffs
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_a_format_runs_the_sharded_forward_on_several_devices(name, tp_size):
+    cfg = config(qkv_bias=True, architecture="qwen2")  # 2 KV heads: split at N = 2, replicated at N = 4
+    mesh = tp.make_mesh(tp_size)
+    assert mesh.devices.size == tp_size
+    sharded = tp.shard_params(convert(dense_params(cfg), FORMATS[name]), cfg, mesh)
+    got, _ = tp.jit_forward(cfg, REFERENCE, mesh=mesh)(sharded, tp.init_kv_cache(cfg, 6, 4, mesh=mesh), batch())
+    assert float(np.abs(np.asarray(got) - dense_logits(cfg)).max()) < LOGITS_TOLERANCE

@@ -55,6 +55,7 @@ def copy_checkpoint(source, target, edit_config=None, edit_tensors=None):
 # ---------------------------------------------------------------------------------------------- loading
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,method", [("llama3", "awq"), ("qwen2", "rtn"), ("smollm2", "rtn")])
 def test_logits_equal_the_float_model_of_the_dequantized_weights(awq_model_dir, arch, method):
     directory = awq_model_dir(arch, method)
@@ -68,6 +69,7 @@ def test_logits_equal_the_float_model_of_the_dequantized_weights(awq_model_dir, 
     assert np.abs(want).max() > 0.1  # the comparison is not between near-zero logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, scales", [("float32", np.float16), ("bfloat16", "bfloat16"),
                                            ("float16", np.float16)])
 def test_scales_are_held_in_the_activations_dtype_when_it_is_16_bit(awq_model_dir, dtype, scales):
@@ -125,6 +127,7 @@ def test_tensor_parallel_layout_selects_packed_columns(awq_model_dir):
     np.testing.assert_array_equal(np.asarray(dequantize(packed.packed)), dense[qkv_rows(config, tp)].T)
 
 
+@pytest.mark.slow
 def test_quantization_awq_is_accepted_and_modules_to_not_convert_stay_dense(awq_model_dir, tmp_path):
     """down_proj listed in modules_to_not_convert and stored dense: it loads as an array, the rest packed, and the
     logits still equal the float model's."""
@@ -286,6 +289,7 @@ def write_dequantized_hf_dir(source, target):
     return target
 
 
+@pytest.mark.slow
 def test_llm_generates_the_float_models_greedy_tokens(awq_model_dir, tmp_path):
     from jaxllm import LLM, SamplingParams
 

@@ -106,6 +106,7 @@ def test_rtn_weights_within_one_step(arch, quantizable_model, tmp_path):
     np.testing.assert_allclose(glob["embed"], global_weights(loaded.params)["embed"], rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama2", "qwen2", "smollm2"])
 def test_awq_checkpoint_and_layer_outputs(arch, quantizable_model, tmp_path, capsys):
     """llama2: MHA (o is scaled, folded into v); qwen2: q/k/v biases, tied; smollm2: GQA 3:1, hidden 48."""

@@ -368,6 +368,7 @@ def engine(tiny_model_with_tokenizer):
     return LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), **ENGINE))
 
 
+@pytest.mark.slow
 def test_random_workload_keeps_the_pool_consistent_and_outputs_equal_solo_runs(engine, capsys):
     rng = random.Random(SEED)
     vocab = engine.model_config.vocab_size
@@ -417,6 +418,7 @@ def mismatch(live: "Live", aborted: bool, references: dict) -> AssertionError | 
     return None
 
 
+@pytest.mark.slow
 def test_prompt_logprobs_are_whole_after_a_preemption_during_prefill(engine):
     """The fuzz's smallest reproduction of a lost-prompt-logprobs case: five long generations fill the pool, then a
     request asking for prompt logprobs arrives; it is the newest, so it is preempted while its prompt is being

@@ -26,6 +26,8 @@ from tests.reliability.helpers import MODEL, assert_error_object, assert_openai_
     start_suite_server
 from tests.server.helpers import metrics
 
+pytestmark = pytest.mark.slow  # each test starts its own server with faults injected
+
 TIMEOUT = httpx.Timeout(120, connect=10)
 LONG = {"model": MODEL, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
 

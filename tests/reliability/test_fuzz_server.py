@@ -24,6 +24,7 @@ import random
 import time
 
 import httpx
+import pytest
 
 from tests.reliability.helpers import AUTH, MODEL, assert_openai_error, sse_events
 from tests.server.helpers import metrics
@@ -300,6 +301,7 @@ def wait_until_idle(url: str, timeout_s: float = 10.0) -> dict:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_fuzzed_bodies_never_break_the_server(guarded_server, capsys):
     rng = random.Random(SEED)
     statuses: collections.Counter = collections.Counter()

@@ -16,6 +16,7 @@ import random
 import time
 
 import httpx
+import pytest
 
 from tests.reliability.helpers import AUTH, MODEL
 from tests.server.helpers import metrics
@@ -99,6 +100,7 @@ def steps_with_more_than(url: str, n: int) -> float:
     return samples["jaxllm:iteration_num_seqs_count"] - samples[f'jaxllm:iteration_num_seqs_bucket{{le="{float(n)}"}}']
 
 
+@pytest.mark.slow
 def test_concurrent_load_matches_solo_runs(guarded_server, capsys):
     rng = random.Random(1234)
     requests = distinct_requests(rng)

@@ -3,7 +3,6 @@ prompts, the chat template and the openai client all work) while loading and com
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.fake_devices import child_environment
 
 SERVED_NAME = "tiny"
 STARTUP_TIMEOUT_S = 180
@@ -35,7 +36,7 @@ class ServerProcess:
         entry = ["jaxllm.entrypoints.cli", "serve"] if via_cli else ["jaxllm.entrypoints.openai.api_server"]
         cmd = [sys.executable, "-m", *entry, str(model), "--port", str(self.port),
                "--served-model-name", SERVED_NAME, "--log-level", "warning", *extra]
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        env = child_environment()  # one CPU device: a process of a group must have its own
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy()

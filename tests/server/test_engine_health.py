@@ -18,6 +18,8 @@ import pytest
 from jaxllm.entrypoints.openai.fault_injection import ADD_MARKER, ENV_FLAG, ENV_STALL_S, STALL_MARKER
 from tests.server.helpers import MODEL, metrics
 
+pytestmark = pytest.mark.slow  # the module's own server (fault injection), and steps stalled for seconds
+
 STALL_S = 4
 
 

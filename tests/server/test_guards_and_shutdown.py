@@ -14,6 +14,8 @@ import pytest
 
 from tests.server.helpers import MODEL, client
 
+pytestmark = pytest.mark.slow  # the module's own server, and seconds-long requests
+
 API_KEY = "test-secret"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MAX_BODY = 20000

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 from jaxllm.entrypoints.openai.errors import OpenAIError
 from jaxllm.entrypoints.openai.serving_models import LoRAModule, ServedModels, parse_lora_module, \
     runtime_updating_allowed
+from tests.fake_devices import child_environment
 from tests.server.conftest import SERVED_NAME, free_port
 from tests.server.helpers import client
 
@@ -117,6 +117,7 @@ def assert_openai_error(response: httpx.Response, status: int, *words: str) -> d
 
 
 # ---------------------------------------------------------------------------------------------- serving adapters
+@pytest.mark.slow
 def test_concurrent_streams_match_each_model_alone(lora_server, reference):
     names = [SERVED_NAME, "sql", "code"]
     with ThreadPoolExecutor(len(names)) as pool:
@@ -128,6 +129,7 @@ def test_concurrent_streams_match_each_model_alone(lora_server, reference):
     assert len({reference[name].text for name in names}) == 3, "the adapters should change the text"
 
 
+@pytest.mark.slow
 def test_chat_and_tokenize_take_an_adapter_name(lora_server):
     reply = client(lora_server.url).chat.completions.create(
         model="code", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0.0)
@@ -136,6 +138,7 @@ def test_chat_and_tokenize_take_an_adapter_name(lora_server):
     assert tokenized.status_code == 200 and tokenized.json()["count"] > 0
 
 
+@pytest.mark.slow
 def test_models_lists_adapters_with_parent(lora_server, adapters):
     cards = {card.id: card for card in client(lora_server.url).models.list().data}
     assert list(cards) == [SERVED_NAME, "sql", "code"]
@@ -144,6 +147,7 @@ def test_models_lists_adapters_with_parent(lora_server, adapters):
         assert (cards[name].root, cards[name].parent) == (adapters[name], SERVED_NAME)
 
 
+@pytest.mark.slow
 def test_unknown_model_is_404_in_openai_shape(lora_server):
     body = {"model": "no-such-lora", "prompt": PROMPT, "max_tokens": 1}
     error = assert_openai_error(post(lora_server.url, "/v1/completions", body), 404, "no-such-lora", "'sql'")
@@ -156,6 +160,7 @@ def test_unknown_model_is_404_in_openai_shape(lora_server):
 
 
 # ---------------------------------------------------------------------------------------------- runtime updates
+@pytest.mark.slow
 def test_load_use_and_unload_at_runtime(lora_server, adapters, reference):
     url = lora_server.url
     loaded = post(url, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": adapters["sql"]})
@@ -184,6 +189,7 @@ def _id_in(message: str) -> int:
     return int(message.rsplit("(id ", 1)[1].split(")", 1)[0])
 
 
+@pytest.mark.slow
 def test_bad_adapters_are_refused_at_runtime_load(lora_server, adapters, tmp_path):
     url = lora_server.url
     cases = {"pickled": ("adapter_model.bin", "pickled"), "wide": ("rank 16", "max_lora_rank"),
@@ -197,6 +203,7 @@ def test_bad_adapters_are_refused_at_runtime_load(lora_server, adapters, tmp_pat
     assert post(url, "/v1/completions", {"model": "sql", "prompt": "x", "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.slow
 def test_runtime_updating_is_off_without_the_flag(started):
     """The app without allow_runtime_lora_updating (in this process, over the reference's engine; the routes
     are absent, so the engine thread is never needed)."""
@@ -240,7 +247,7 @@ def serve(model, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "jaxllm.entrypoints.cli", "serve", str(model), "--port", str(free_port()),
            "--served-model-name", SERVED_NAME, "--no-warmup", "--log-level", "warning", *ENGINE_FLAGS, *flags]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                            env=child_environment())
 
 
 def assert_exits_with(process: subprocess.Popen, *words: str) -> None:
@@ -250,6 +257,7 @@ def assert_exits_with(process: subprocess.Popen, *words: str) -> None:
         assert word in output, output
 
 
+@pytest.mark.slow
 def test_bad_lora_modules_stop_the_server_at_start(tiny_model_with_tokenizer, adapters):
     started = [  # side by side: two load the model, one stops before
         (serve(tiny_model_with_tokenizer, *LORA_FLAGS, "--lora-modules", f"good={adapters['sql']}",

@@ -4,7 +4,6 @@ gives, and stopping the server releases the follower."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.fake_devices import child_environment
 from tests.server.conftest import SERVED_NAME, ServerProcess, free_port
 
 FLAGS = ("--max-num-seqs", "4", "--max-model-len", "128", "--max-num-batched-tokens", "32", "--no-warmup")
@@ -29,7 +29,7 @@ def test_two_processes_serve_the_tokens_of_one(tiny_model_with_tokenizer, tmp_pa
     follower = subprocess.Popen(
         [sys.executable, "-m", "jaxllm.entrypoints.cli", "serve", str(tiny_model_with_tokenizer), *FLAGS, *group,
          "--process-id", "1", "--log-level", "warning"],
-        stdout=follower_log, stderr=subprocess.STDOUT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        stdout=follower_log, stderr=subprocess.STDOUT, env=child_environment())
     try:
         leader = ServerProcess(tiny_model_with_tokenizer, tmp_path / "leader.log", *FLAGS, *group,
                                "--process-id", "0", via_cli=True)

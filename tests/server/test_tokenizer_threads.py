@@ -99,6 +99,7 @@ async def _tokenize(http: httpx.AsyncClient, url: str, i: int) -> int:
     return response.json()["count"]
 
 
+@pytest.mark.slow
 def test_concurrent_chat_streams_never_share_a_tokenizer(inprocess_server):
     url, engine_tokenizer = inprocess_server
 

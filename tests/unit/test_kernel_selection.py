@@ -64,6 +64,7 @@ def test_engine_args_refuse_an_unknown_implementation(field, value):
         EngineArgs(**{field: value})
 
 
+@pytest.mark.slow
 def test_the_forced_int4_kernel_runs_in_the_forward_and_matches_the_reference():
     """awq_matmul="pallas" off a GPU: the forward runs the Pallas dequant-matmul (interpret mode), and its logits
     are the reference's; the kernel really ran (its program differs from the reference's)."""

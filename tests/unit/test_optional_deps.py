@@ -6,12 +6,12 @@ The GPU check script's run under the same blocking is tests/kernels/test_gpu_che
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 
 from tests.blocked_packages import run_blocked
+from tests.fake_devices import child_environment
 
 IMPORTS = textwrap.dedent("""
     import importlib
@@ -54,9 +54,10 @@ ORBAX_ROUND_TRIP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_orbax_checkpoint_loads_without_gguf(tmp_path):
     proc = run_blocked(f"CKPT = {str(tmp_path / 'ckpt')!r}\n" + ORBAX_ROUND_TRIP,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                       env=child_environment())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "LOADED" in proc.stdout
 
@@ -98,6 +99,7 @@ def test_loading_a_gguf_without_gguf_names_the_package(tiny_gguf):
     assert f"RAISED {GGUF_MESSAGE}" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_names_the_missing_package(tiny_gguf):
     """`jaxllm generate` on a GGUF and `jaxllm serve` without their packages: one line naming it, status 2."""
     run_cli = "import sys\nfrom jaxllm.entrypoints.cli import main\nsys.exit(main(sys.argv[1:]))\n"

@@ -220,6 +220,7 @@ def seeded_tokens(sample_fn, position, num_rows, neighbours, steps=6):
     return tokens
 
 
+@pytest.mark.slow
 def test_seeded_request_reproducible_across_batches_and_runs():
     alone = seeded_tokens(SAMPLE, 0, 1, [])
     assert len(set(alone)) > 1  # a fresh draw every step
