@@ -15,8 +15,8 @@
     prompt_logprobs(params, hidden, first_row, targets [P]) -> (logprob [P], rank [P], top ids [P, N], top lps [P, N])
         P = PROMPT_ROWS rows of hidden from first_row; N = MAX_LOGPROBS.
 
-StepPrograms has one method per program with its signature (forward, sample, prompt_logprobs, write_logit_rows); the ProgramKey is
-the cache key of the compiled program. `compile_all` builds every program of the bucket set (warm-up); a program
+StepPrograms has one method per program with its signature (forward, sample, prompt_logprobs, write_logit_rows);
+the ProgramKey is the cache key of the compiled program. `compile_all` builds every program of the bucket set (warm-up); a program
 not built yet is built on first use and logged. Nothing else ever reaches XLA: the runner calls these only.
 `program(key)` is the jitted function with its static arguments, for lowering a program elsewhere (tests).
 """
