@@ -14,6 +14,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # no CUDA client: the H200 devices are compile-only
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the plugin's check looks for cuDNN, never used
 
+from tests.fake_devices import use_fake_devices  # noqa: E402
+
+use_fake_devices()  # the main suite's tensor-parallel lowering tests, collected here too, need CPU devices
+
 import pytest  # noqa: E402
 
 from tests.gpu_compile import deviceless  # noqa: E402
