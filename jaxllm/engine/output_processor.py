@@ -37,6 +37,7 @@ class RequestState:
     cumulative_logprob: float | None  # when logprobs were asked for, or the sample is ranked (best_of > n)
     sent_tokens: int = 0  # tokens already reported (delta mode)
     unsent_text: str = ""  # text deltas not yet reported (delta mode): never text a stop string may retract
+    finish_sent: bool = False  # its finish reason has been reported (delta mode: once)
 
 
 @dataclasses.dataclass(eq=False)
@@ -133,7 +134,8 @@ class OutputProcessor:
         completions = []
         for state in parent.children:
             request = state.request
-            if delta and state.sent_tokens == len(request.output_token_ids) and not request.status.finished:
+            if delta and state.sent_tokens == len(request.output_token_ids) and \
+                    (state.finish_sent or not request.status.finished):
                 continue
             completions.append(self._completion(state, delta))
         return completions
@@ -154,6 +156,7 @@ class OutputProcessor:
             logprobs = None if logprobs is None else logprobs[state.sent_tokens:]
             state.unsent_text = ""
             state.sent_tokens += len(tokens)
+            state.finish_sent = request.status.finished
         finish = request.status.value if request.status.finished else None
         return CompletionOutput(request.sample_index, text, list(tokens), state.cumulative_logprob, logprobs,
                                 finish, request.stop_reason)

@@ -32,6 +32,26 @@ def test_delta_stream_adds_up_to_the_cumulative_output(tiny_model_dir):
     assert steps_with_both == 10  # both requests ran in every step: continuous batching
 
 
+def test_delta_stream_reports_each_sample_once_and_its_finish_once(tiny_model_dir):
+    """n = 3 samples that stop at different steps: a finished sample is not reported again while the others run."""
+    engine = make_engine(tiny_model_dir("llama2")[0])
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, stop_token_ids=list(range(0, 256, 3)),
+                            detokenize=False)
+    engine.add_request("fan", [5, 6, 7, 8], params, output_kind="delta")
+    tokens, finishes, finished_at, step = {}, {}, {}, 0
+    while engine.has_unfinished_requests():
+        step += 1
+        for output in engine.step():
+            for completion in output.outputs:
+                assert completion.index not in finishes, f"sample {completion.index} reported after its finish"
+                tokens.setdefault(completion.index, []).extend(completion.token_ids)
+                if completion.finish_reason is not None:
+                    finishes[completion.index], finished_at[completion.index] = completion.finish_reason, step
+    assert sorted(finishes) == [0, 1, 2]
+    assert len(set(finished_at.values())) > 1, finished_at  # the samples did stop at different steps
+    assert all(1 <= len(t) <= 12 for t in tokens.values())
+
+
 @pytest.mark.slow
 def test_abort_mid_generation_frees_blocks_and_others_finish(tiny_model_dir):
     engine = make_engine(tiny_model_dir("llama2")[0])

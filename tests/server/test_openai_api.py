@@ -135,6 +135,25 @@ def test_chat_n_greater_than_one_streams_every_choice(api):
     assert finished == {0, 1} and all(texts.values())
 
 
+STOPS_OFTEN = dict(extra_body={"stop_token_ids": list(range(0, 49152, 3))})  # samples stop at different steps
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_stream_reports_each_choice_finish_once(api, n, include_usage):
+    common = dict(model=MODEL, n=n, max_tokens=12, temperature=1.0, seed=11, stream=True,
+                  stream_options={"include_usage": include_usage}, **STOPS_OFTEN)
+    streams = {"completions": list(api.completions.create(prompt="Count", **common)),
+               "chat": list(api.chat.completions.create(messages=[{"role": "user", "content": "Count"}], **common))}
+    for name, chunks in streams.items():
+        finishes = [c.index for chunk in chunks for c in chunk.choices if c.finish_reason is not None]
+        assert sorted(finishes) == list(range(n)), (name, finishes)
+        usage_chunks = [chunk for chunk in chunks if chunk.usage is not None]
+        assert usage_chunks == (chunks[-1:] if include_usage else []), name
+        if include_usage:
+            assert chunks[-1].choices == [] and 1 <= chunks[-1].usage.completion_tokens <= 12 * n
+
+
 def test_tokenize_chat_messages(server):
     body = {"messages": [{"role": "user", "content": "Hi"}]}
     out = httpx.post(server.url + "/tokenize", json=body).json()
