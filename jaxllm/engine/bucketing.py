@@ -2,7 +2,8 @@
 however requests arrive; warm-up compiles all of it.
 
     T  tokens per step        powers of two 1 .. max_num_batched_tokens (rounded up): the forward's key
-    S  sampled sequences      powers of two 1 .. max_num_seqs (rounded up): the sampler's key
+    S  sampled sequences      powers of two 2 .. max_num_seqs (rounded up): the sampler's key; one sampled row
+                              runs in the S = 2 program (a pad row costs less than one more program to warm)
 
 Everything else has one size per engine: a forward of T tokens has min(T, max_num_seqs) sequence rows, block
 tables of max_blocks_per_seq columns, and returns the hidden states of `num_logits_rows` rows:
@@ -64,7 +65,7 @@ class Buckets:
 
     @property
     def sample_sizes(self) -> tuple[int, ...]:
-        return pow2_range(1, self.max_num_seqs)
+        return pow2_range(min(2, self.max_num_seqs), self.max_num_seqs)
 
     @property
     def num_sample_rows(self) -> int:
@@ -88,7 +89,7 @@ class Buckets:
     def sample_key(self, num_rows: int) -> ProgramKey:
         if num_rows > self.max_num_seqs:
             raise ValueError(f"{num_rows} sampled sequences exceed max_num_seqs {self.max_num_seqs}")
-        return ProgramKey("sample", pow2_at_least(num_rows))
+        return ProgramKey("sample", max(pow2_at_least(num_rows), self.sample_sizes[0]))
 
     def all_programs(self) -> Iterator[ProgramKey]:
         """Every program a step can need: the set warm-up compiles."""
