@@ -59,6 +59,19 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
+    def generate_with_lora(self, requests: Sequence[dict], sampling_params: SamplingParams | Sequence[SamplingParams]
+                           | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """generate for [{"prompt": text, token ids or a prompt dict, "lora": LoRARequest | None}, ...]: each
+        prompt with its own adapter (None: the base model). A front over generate's per-prompt lora_request."""
+        for i, request in enumerate(requests):
+            if not isinstance(request, dict) or "prompt" not in request:
+                raise ValueError(f"requests[{i}] must be a dict with 'prompt' (and optionally 'lora')")
+            for key in request:
+                if key not in ("prompt", "lora"):
+                    raise ValueError(f"requests[{i}] key {key!r} is not supported: a request takes 'prompt', 'lora'")
+        return self.generate([r["prompt"] for r in requests], sampling_params, use_tqdm=use_tqdm,
+                             lora_request=[r.get("lora") for r in requests])
+
     def chat(
         self,
         messages: Sequence[dict] | Sequence[Sequence[dict]],

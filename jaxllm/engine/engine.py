@@ -85,9 +85,11 @@ class LLMEngine:
                     arrival_time: float | None = None, priority: int = 0, output_kind: str = "cumulative",
                     lora_request: LoRARequest | None = None) -> None:
         """Queue a request; raises ValueError (naming the field) if it is invalid or could never fit.
-        lora_request: the adapter to run it with (None: the base model); its files are read and checked the
-        first time it is seen."""
+        lora_request: the adapter to run it with (None: the prompt dict's "lora_request", else the base model);
+        its files are read and checked the first time it is seen."""
         params = params or SamplingParams()
+        if lora_request is None and isinstance(prompt, dict):
+            lora_request = prompt.get("lora_request")
         lora_int_id = self._register_lora(lora_request)
         if output_kind not in OUTPUT_KINDS:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
@@ -218,6 +220,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ helpers
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
+            _check_prompt_keys(prompt)
             if "prompt_token_ids" in prompt:
                 text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
@@ -300,3 +303,14 @@ def _place(loaded, tp_size: int):
     tensor_parallel.check_tp_size(loaded.config, tp_size, len(jax.devices()))
     mesh = tensor_parallel.make_mesh(tp_size)
     return mesh, place_model(loaded, mesh)
+
+
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "lora_request")  # what a prompt dict may hold
+
+
+def _check_prompt_keys(prompt: dict) -> None:
+    for key in prompt:
+        if key not in PROMPT_KEYS:
+            hint = "; for an adapter per prompt use LLM.generate_with_lora" if key == "lora" else ""
+            raise ValueError(f"prompt dict key {key!r} is not supported (a prompt dict takes {', '.join(PROMPT_KEYS)})"
+                             f"{hint}")

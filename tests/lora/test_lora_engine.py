@@ -127,3 +127,17 @@ def test_lora_off_keeps_the_programs_of_an_engine_without_lora(tiny_model_dir):
     run(llm, PROMPTS[:1], None)
     with pytest.raises(ValueError, match="LoRA is not enabled"):
         run(llm, PROMPTS[:1], LoRARequest("x", 1, str(directory)))
+
+
+def test_generate_with_lora_runs_each_prompt_with_its_adapter(tiny_model_dir, adapters):
+    llm = engine(tiny_model_dir("llama3")[0])
+    loras = [None, adapters[0][0], adapters[1][0]]
+    expected = run(llm, PROMPTS[:3], loras)
+    outputs = llm.generate_with_lora([{"prompt": p, "lora": lora} for p, lora in zip(PROMPTS, loras)], GREEDY,
+                                     use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert expected[1] != expected[0]  # the adapter changes the output: the test would see it dropped
+    with pytest.raises(ValueError, match="prompt dict key 'lora' is not supported.*generate_with_lora"):
+        llm.generate({"prompt_token_ids": PROMPTS[0], "lora": adapters[0][0]}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"requests\[0\] key 'lora_request' is not supported"):
+        llm.generate_with_lora([{"prompt": PROMPTS[0], "lora_request": None}], GREEDY, use_tqdm=False)

@@ -92,7 +92,7 @@ def test_streamed_logprob_offsets_are_cumulative_like_non_streamed(api):
     chunks = [c.choices[0] for c in api.completions.create(**kwargs, stream=True) if c.choices]
     streamed = [offset for chunk in chunks if chunk.logprobs for offset in chunk.logprobs.text_offset]
     assert streamed == full.text_offset
-    assert streamed[0] == len("Offsets") and streamed == sorted(streamed)  # after the echoed prompt, growing
+    assert streamed[0] == 0 and streamed == sorted(streamed)  # from the echoed prompt's first token, growing
 
 
 def test_completion_stream_matches_non_stream(api):

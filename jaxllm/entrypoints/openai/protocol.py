@@ -67,7 +67,8 @@ def lone_surrogate_path(data: Any) -> str | None:
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = False
+    include_usage: bool = True  # vLLM's default once stream_options is sent
+    continuous_usage_stats: bool = False  # with include_usage: every chunk carries the usage so far
 
 
 class SamplingRequest(RequestModel):
@@ -80,7 +81,7 @@ class SamplingRequest(RequestModel):
     n: int = 1
     best_of: int | None = None  # sample this many, return the n with the highest cumulative logprob
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)  # int64, as vLLM
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
@@ -88,6 +89,8 @@ class SamplingRequest(RequestModel):
     frequency_penalty: float = 0.0
     user: str | None = None
     # vLLM's extras
+    request_id: str | None = None  # names the response (its id); the engine's own ids stay unique
+    prompt_logprobs: int | None = None  # top logprobs per prompt token (not with stream)
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -98,6 +101,9 @@ class SamplingRequest(RequestModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
 
+    def requested_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
+
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams of this request; raises ValueError naming a bad field."""
         bias = None if self.logit_bias is None else {_token_key(k): v for k, v in self.logit_bias.items()}
@@ -105,7 +111,7 @@ class SamplingRequest(RequestModel):
                         repetition_penalty=self.repetition_penalty)
         return SamplingParams(
             n=self.n, best_of=self.best_of, max_tokens=max_tokens, stop=self.stop, seed=self.seed, logit_bias=bias,
-            logprobs=logprobs,
+            logprobs=logprobs, prompt_logprobs=self.requested_prompt_logprobs(),
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -117,11 +123,20 @@ class SamplingRequest(RequestModel):
     def _stream_options_need_stream(self) -> "SamplingRequest":
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
+        if self.prompt_logprobs and self.stream:
+            raise ValueError("prompt_logprobs: not available when stream is true")
         return self
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
+    def response_id(self, prefix: str) -> str:
+        return random_id(prefix) if self.request_id is None else f"{prefix}-{self.request_id}"
 
 
 def _token_key(key: str) -> int:
@@ -136,6 +151,12 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """With echo, logprobs also cover the prompt (vLLM, OpenAI)."""
+        if self.prompt_logprobs is None and self.echo:
+            return self.logprobs
+        return self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt
@@ -224,12 +245,22 @@ class CompletionLogprobs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobsField = list[dict[int, PromptLogprob] | None] | None  # per prompt token, the first null (vLLM)
+
+
 class CompletionChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobsField = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -275,6 +306,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobsField = None
 
 
 class DeltaMessage(OpenAIBaseModel):

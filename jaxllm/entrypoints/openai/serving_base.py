@@ -14,7 +14,8 @@ from pydantic import BaseModel
 from jaxllm.entrypoints.openai.async_engine import AsyncEngine, EngineDeadError, QueueFullError, \
     RequestFailedError, RequestStream
 from jaxllm.entrypoints.openai.errors import OpenAIError, bad_request
-from jaxllm.entrypoints.openai.protocol import SamplingRequest
+from jaxllm.entrypoints.openai.protocol import PromptLogprob, SamplingRequest
+from jaxllm.entrypoints.openai.request_fields import unsupported_field
 from jaxllm.entrypoints.openai.serving_models import ServedModels
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
 from jaxllm.lora.request import LoRARequest
@@ -35,6 +36,8 @@ class RequestLimits:
 
 
 class ServingBase:
+    request_kind = "completion"  # which of vLLM's request models the body follows (request_fields.py)
+
     def __init__(self, engine: AsyncEngine, served_model_names: Sequence[str], tokenizers: ServerTokenizer,
                  limits: RequestLimits = RequestLimits(), models: ServedModels | None = None):
         """models: the server's base models and LoRA adapters (None: the served names, no adapters)."""
@@ -65,7 +68,10 @@ class ServingBase:
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         max_tokens_field: str = "max_tokens") -> SamplingParams:
         """The request's SamplingParams; a bad value is a 400 naming its field (max_tokens as the request
-        spelled it)."""
+        spelled it); a field jaxllm does not implement is a 400 naming it."""
+        field = unsupported_field(request.model_extra, self.request_kind)
+        if field is not None:
+            raise bad_request(f"{field} is not supported", field)
         for name in ("n", "best_of"):
             value = getattr(request, name, None)
             if isinstance(value, int) and value > self.limits.max_n:
@@ -204,6 +210,16 @@ def token_text(logprob: Logprob, tokenizer, token_id: int) -> str:
     if logprob.decoded_token is not None:
         return logprob.decoded_token
     return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
+
+
+def prompt_logprobs_field(entries: list[dict[int, Logprob] | None] | None, tokenizer) -> list | None:
+    """A RequestOutput's prompt logprobs as responses carry them (vLLM's shape: per prompt token, the first
+    None, {token id: {logprob, rank, decoded_token}})."""
+    if entries is None:
+        return None
+    return [None if entry is None else
+            {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=token_text(lp, tokenizer, tid))
+             for tid, lp in entry.items()} for entry in entries]
 
 
 def sampled_and_top(entry: dict[int, Logprob], token_id: int, top_n: int):

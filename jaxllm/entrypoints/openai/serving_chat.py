@@ -11,13 +11,15 @@ from jaxllm.entrypoints.openai.errors import bad_request
 from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, ChatCompletionRequest, \
     ChatCompletionResponse, ChatLogprobs, ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage, \
     TopLogprob, random_id, usage
-from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, \
-    stream_failure, token_text
+from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, prompt_logprobs_field, \
+    sampled_and_top, sse, stream_failure, token_text
 from jaxllm.outputs import CompletionOutput
 from jaxllm.tokenizer import chat_prompt_ids
 
 
 class ChatServing(ServingBase):
+    request_kind = "chat"
+
     async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
         lora_request = self.check_model(request.model)
         try:
@@ -28,11 +30,10 @@ class ChatServing(ServingBase):
                                       "max_tokens" if request.max_completion_tokens is None else
                                       "max_completion_tokens")
         prompt_ids = await self.render(request.messages)
-        request_id = random_id("chatcmpl")
-        streams = await self.submit(request_id, [{"prompt_token_ids": prompt_ids}], params, lora_request)
-        model = self.response_model(lora_request)
+        streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params, lora_request)
+        request_id, model = request.response_id("chatcmpl"), self.response_model(lora_request)
         if request.stream:
-            return self._stream(request_id, request, streams, model)
+            return self._stream(request_id, request, streams, model, len(prompt_ids))
         return await self._full(request_id, request, streams, model)
 
     async def render(self, messages) -> list[int]:
@@ -54,9 +55,11 @@ class ChatServing(ServingBase):
         last: dict[int, CompletionOutput] = {}
         logprobs: dict[int, list[ChatLogprobToken]] = {}
         prompt_tokens = generated = 0
+        prompt_logprobs = None
+
         def consume(_, output) -> None:
-            nonlocal prompt_tokens, generated
-            prompt_tokens = len(output.prompt_token_ids)
+            nonlocal prompt_tokens, generated, prompt_logprobs
+            prompt_tokens, prompt_logprobs = len(output.prompt_token_ids), output.prompt_logprobs
             for completion in output.outputs:
                 texts.setdefault(completion.index, []).append(completion.text)
                 generated += len(completion.token_ids)
@@ -69,26 +72,27 @@ class ChatServing(ServingBase):
                               finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
                    for i in sorted(texts)]
         return ChatCompletionResponse(id=request_id, model=model, choices=choices,
-                                      usage=usage(prompt_tokens, generated))
+                                      usage=usage(prompt_tokens, generated),
+                                      prompt_logprobs=prompt_logprobs_field(prompt_logprobs, self.tokenizer))
 
-    async def _stream(self, request_id: str, request: ChatCompletionRequest, streams,
-                      model: str) -> AsyncIterator[str]:
+    async def _stream(self, request_id: str, request: ChatCompletionRequest, streams, model: str,
+                      prompt_tokens: int) -> AsyncIterator[str]:
         def chunk(choices, usage_info=None) -> str:
             return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage_info))
 
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                     for i in range(request.n)])
-        prompt_tokens = generated = 0
+                     for i in range(request.n)], usage(prompt_tokens, 0) if request.continuous_usage else None)
+        generated = 0
         try:
             async for _, output in merge(streams):
-                prompt_tokens = len(output.prompt_token_ids)
                 for completion in output.outputs:
                     generated += len(completion.token_ids)
                     logprobs = ChatLogprobs(content=self._logprobs(completion, request)) if request.logprobs \
                         else None
                     yield chunk([ChatStreamChoice(index=completion.index, delta=DeltaMessage(content=completion.text),
                                                   logprobs=logprobs, finish_reason=completion.finish_reason,
-                                                  stop_reason=completion.stop_reason)])
+                                                  stop_reason=completion.stop_reason)],
+                                usage(prompt_tokens, generated) if request.continuous_usage else None)
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
             yield stream_failure(e)
         if request.include_usage:

@@ -8,8 +8,8 @@ from typing import AsyncIterator
 from jaxllm.entrypoints.openai.errors import OpenAIError
 from jaxllm.entrypoints.openai.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, \
     CompletionResponse, random_id, usage
-from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, sampled_and_top, sse, \
-    stream_failure, token_text
+from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, prompt_logprobs_field, \
+    sampled_and_top, sse, stream_failure, token_text
 from jaxllm.outputs import CompletionOutput, RequestOutput
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI default for completions
@@ -24,9 +24,8 @@ class CompletionServing(ServingBase):
         params = self.sampling_params(request, max_tokens, request.logprobs)
         prompts = [{"prompt_token_ids": p} if isinstance(p, list) else await self.encode_prompt(p)
                    for p in request.prompts()]
-        request_id = random_id("cmpl")
-        streams = await self.submit(request_id, prompts, params, lora_request)
-        model = self.response_model(lora_request)
+        streams = await self.submit(random_id("cmpl"), prompts, params, lora_request)
+        request_id, model = request.response_id("cmpl"), self.response_model(lora_request)
         if request.stream:
             return self._stream(request_id, request, streams, model)
         return await self._full(request_id, request, streams, model)
@@ -37,15 +36,19 @@ class CompletionServing(ServingBase):
         last: dict[int, CompletionOutput] = {}
         logprobs: dict[int, CompletionLogprobs] = {}
         prompt_ids: dict[int, list[int]] = {}
+        prompt_logprobs: dict[int, list | None] = {}
         generated = 0
 
         def consume(p: int, output: RequestOutput) -> None:
             nonlocal generated
-            prompt_ids[p] = output.prompt_token_ids
+            prompt_ids[p], prompt_logprobs[p] = output.prompt_token_ids, output.prompt_logprobs
             for completion in output.outputs:
                 index = p * n + completion.index
                 if index not in texts:
                     texts[index] = [self._echo(request, output)]
+                    if request.echo and request.logprobs is not None:
+                        self._add_prompt_logprobs(logprobs.setdefault(index, CompletionLogprobs()), output,
+                                                  request.logprobs)
                 texts[index].append(completion.text)
                 generated += len(completion.token_ids)
                 if request.logprobs is not None:
@@ -55,7 +58,8 @@ class CompletionServing(ServingBase):
 
         await self.collect(merge(streams), consume)
         choices = [CompletionChoice(index=i, text="".join(texts[i]), logprobs=logprobs.get(i),
-                                    finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
+                                    finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason,
+                                    prompt_logprobs=prompt_logprobs_field(prompt_logprobs[i // n], self.tokenizer))
                    for i in sorted(texts)]
         prompt_tokens = sum(len(ids) for ids in prompt_ids.values())
         return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage(prompt_tokens, generated))
@@ -69,20 +73,23 @@ class CompletionServing(ServingBase):
                 prompt_tokens[p] = len(output.prompt_token_ids)
                 for completion in output.outputs:
                     index = p * n + completion.index
-                    text = completion.text
-                    if index not in sent_chars:
+                    text, first = completion.text, index not in sent_chars
+                    if first:
                         echo = self._echo(request, output)
                         text, sent_chars[index] = echo + text, len(echo)
                     generated += len(completion.token_ids)
                     logprobs = None
                     if request.logprobs is not None:
                         logprobs = CompletionLogprobs()
+                        if first and request.echo:
+                            self._add_prompt_logprobs(logprobs, output, request.logprobs)
                         self._add_logprobs(logprobs, completion, request.logprobs, sent_chars[index])
                     sent_chars[index] += len(completion.text)
                     choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
                                               finish_reason=completion.finish_reason,
                                               stop_reason=completion.stop_reason)
-                    yield sse(CompletionResponse(id=request_id, model=model, choices=[choice]))
+                    so_far = usage(sum(prompt_tokens.values()), generated) if request.continuous_usage else None
+                    yield sse(CompletionResponse(id=request_id, model=model, choices=[choice], usage=so_far))
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
             yield stream_failure(e)
         if request.include_usage:
@@ -99,12 +106,25 @@ class CompletionServing(ServingBase):
 
     def _add_logprobs(self, into: CompletionLogprobs, completion: CompletionOutput, top_n: int,
                       offset: int) -> None:
-        for token_id, entry in zip(completion.token_ids, completion.logprobs or []):
-            sampled, top = sampled_and_top(entry, token_id, top_n)
-            text = token_text(sampled, self.tokenizer, token_id)
+        self._add_entries(into, completion.token_ids, completion.logprobs or [], top_n, offset)
+
+    def _add_prompt_logprobs(self, into: CompletionLogprobs, output: RequestOutput, top_n: int) -> None:
+        """The echoed prompt's tokens (the first has no logprob: nothing predicts it), from offset 0."""
+        self._add_entries(into, output.prompt_token_ids, output.prompt_logprobs or [], top_n, 0)
+
+    def _add_entries(self, into: CompletionLogprobs, token_ids, entries, top_n: int, offset: int) -> None:
+        """Per token: its text, offset, logprob and top logprobs, the token itself first and then the top_n
+        (vLLM: logprobs=0 still gives the token's own)."""
+        for token_id, entry in zip(token_ids, entries):
+            if entry is None:
+                text = self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
+                logprob = top = None
+            else:
+                sampled, ranked = sampled_and_top(entry, token_id, top_n)
+                text, logprob = token_text(sampled, self.tokenizer, token_id), sampled.logprob
+                top = {text: logprob} | {token_text(lp, self.tokenizer, tid): lp.logprob for tid, lp in ranked}
             into.text_offset.append(offset)
             into.tokens.append(text)
-            into.token_logprobs.append(sampled.logprob)
-            into.top_logprobs.append({token_text(lp, self.tokenizer, tid): lp.logprob for tid, lp in top}
-                                     if top_n else None)
+            into.token_logprobs.append(logprob)
+            into.top_logprobs.append(top)
             offset += len(text)

@@ -1,0 +1,63 @@
+"""The rule for request fields jaxllm does not declare (protocol.py declares what it implements):
+
+    a field of vLLM's request models that jaxllm does not implement  -> 400 "<field> is not supported"
+                                                                        (param: the field), unless its value is
+                                                                        one that changes nothing (its default)
+    a field vLLM's models have that changes nothing here             -> accepted
+    a field vLLM does not know either                                 -> ignored, with a debug log, as vLLM
+
+So a client written for vLLM gets what it asked for or an error naming the field, never a silent 200 that
+dropped it. The lists follow vLLM's CompletionRequest and ChatCompletionRequest (their sampling and extra
+parameters, the structured-output and tool fields).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ANY = object()  # every value is accepted: the field changes nothing here
+
+# field -> the values that leave it unused (clients that send every default)
+_NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
+    "use_beam_search": (False,), "length_penalty": (1.0,), "truncate_prompt_tokens": (None,),
+    "truncation_side": (None,), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "priority": (0,), "logits_processors": (None,), "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False), "cache_salt": (None,), "kv_transfer_params": (None,),
+    "vllm_xargs": (None,), "mm_processor_kwargs": (None,),
+    "response_format": (None, {"type": "text"}), "structured_outputs": (None,), "guided_json": (None,),
+    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "structural_tag": (None,),
+    "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,),
+}
+_COMPLETION: dict[str, tuple] = {**_NOT_SUPPORTED_ANYWHERE, "prompt_embeds": (None,),
+                                 "add_special_tokens": (True,)}
+_CHAT: dict[str, tuple] = {
+    **_NOT_SUPPORTED_ANYWHERE, "tools": (None, []), "tool_choice": (None, "none"), "echo": (False,),
+    "add_generation_prompt": (True,), "continue_final_message": (False,), "add_special_tokens": (False,),
+    "documents": (None,), "chat_template": (None,), "chat_template_kwargs": (None,), "reasoning_effort": (None,),
+    "parallel_tool_calls": ANY, "include_reasoning": ANY,  # they act only with tools / a reasoning parser
+}
+FIELDS = {"completion": _COMPLETION, "chat": _CHAT}
+
+
+def unsupported_field(extra: dict[str, Any] | None, kind: str) -> str | None:
+    """The first field of `extra` (the request's undeclared fields) that asks for what jaxllm does not do;
+    fields vLLM does not know are logged and ignored."""
+    known = FIELDS[kind]
+    for name, value in (extra or {}).items():
+        unused = known.get(name)
+        if unused is None:
+            logger.debug("request field %r is not an OpenAI or vLLM field: ignored", name)
+        elif unused is not ANY and not any(_same(value, u) for u in unused):
+            return name
+    return None
+
+
+def _same(value: Any, unused: Any) -> bool:
+    if unused is None or isinstance(unused, bool):
+        return value is unused
+    if isinstance(unused, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == unused
+    return type(value) is type(unused) and value == unused

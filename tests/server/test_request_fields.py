@@ -1,0 +1,85 @@
+"""Every field of vLLM's request models that jaxllm does not implement is refused by name (a 400, param = the
+field) unless it holds the value that changes nothing; fields vLLM does not know are ignored; stream_options and
+request_id act as vLLM's."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from jaxllm.entrypoints.openai.request_fields import ANY, FIELDS
+from tests.server.helpers import MODEL, client
+
+BODIES = {"completion": ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
+          "chat": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                             "max_tokens": 2})}
+ASKING = {bool: lambda unused: not unused, float: lambda unused: unused + 1.0, int: lambda unused: unused + 1,
+          list: lambda unused: ["word"], dict: lambda unused: {"type": "json_object"},
+          str: lambda unused: "required"}
+
+
+def _asking_value(unused: tuple):
+    """A value that asks for the field's feature: not one of the values that leave it unused."""
+    typed = [u for u in unused if u is not None]
+    return ASKING[type(typed[0])](typed[0]) if typed else {"asks": 1}
+
+
+CASES = [(kind, name, unused) for kind, fields in FIELDS.items() for name, unused in fields.items()
+         if unused is not ANY]
+
+
+@pytest.mark.parametrize("kind, field, unused", CASES, ids=[f"{k}-{f}" for k, f, _ in CASES])
+def test_a_field_not_implemented_is_refused_by_name_unless_unused(server, kind, field, unused):
+    path, body = BODIES[kind]
+    asked = httpx.post(server.url + path, json={**body, field: _asking_value(unused)}, timeout=60)
+    assert asked.status_code == 400, (field, asked.text)
+    assert asked.json()["error"]["param"] == field
+    assert asked.json()["error"]["message"] == f"{field} is not supported"
+    for value in unused:
+        assert httpx.post(server.url + path, json={**body, field: value}, timeout=60).status_code == 200, value
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_fields_vllm_does_not_know_and_fields_without_effect_are_accepted(server, kind):
+    path, body = BODIES[kind]
+    extra = {"not_a_vllm_field": [1, 2]}
+    if kind == "chat":
+        extra |= {"parallel_tool_calls": True, "include_reasoning": False}
+    assert httpx.post(server.url + path, json={**body, **extra}, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize("seed", [-(1 << 63) - 1, 1 << 63])
+def test_seed_outside_int64_is_refused(server, seed):
+    path, body = BODIES["completion"]
+    reply = httpx.post(server.url + path, json={**body, "seed": seed}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "seed"
+    assert httpx.post(server.url + path, json={**body, "seed": (1 << 63) - 1}, timeout=60).status_code == 200
+
+
+def test_request_id_names_the_response(server):
+    api = client(server.url)
+    out = api.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"request_id": "abc"})
+    chat = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                       extra_body={"request_id": "abc"})
+    assert (out.id, chat.id) == ("cmpl-abc", "chatcmpl-abc")
+    again = api.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"request_id": "abc"})
+    assert again.id == "cmpl-abc"  # the same id twice is the client's business, not an engine conflict
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server):
+    api = client(server.url)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    completion = list(api.completions.create(model=MODEL, prompt="Hi", max_tokens=6, temperature=0, stream=True,
+                                             stream_options=options, extra_body={"ignore_eos": True}))
+    chat = list(api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                            temperature=0, stream=True, stream_options=options,
+                                            extra_body={"ignore_eos": True}))
+    for chunks in (completion, chat):
+        assert all(c.usage is not None for c in chunks)
+        counts = [c.usage.completion_tokens for c in chunks]
+        assert counts == sorted(counts) and counts[-1] == 6
+        assert len({c.usage.prompt_tokens for c in chunks}) == 1 and chunks[0].usage.prompt_tokens > 0
+        assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+    plain = list(api.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True,
+                                        stream_options={"include_usage": True}))
+    assert [c.usage is not None for c in plain] == [False] * (len(plain) - 1) + [True]
