@@ -83,3 +83,64 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server):
     plain = list(api.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True,
                                         stream_options={"include_usage": True}))
     assert [c.usage is not None for c in plain] == [False] * (len(plain) - 1) + [True]
+
+
+def test_x_request_id_is_echoed_and_names_the_response(server):
+    path, body = BODIES["completion"]
+    named = httpx.post(server.url + path, json=body, headers={"X-Request-Id": "client-7"}, timeout=60)
+    assert named.headers["x-request-id"] == "client-7" and named.json()["id"] == "cmpl-client-7"
+    chat_path, chat_body = BODIES["chat"]
+    chat = httpx.post(server.url + chat_path, json={**chat_body, "request_id": "body"},
+                      headers={"X-Request-Id": "header"}, timeout=60)
+    assert chat.json()["id"] == "chatcmpl-header"  # the header wins over the body's request_id, as in vLLM
+    unnamed = httpx.get(server.url + "/health", timeout=10)
+    assert len(unnamed.headers["x-request-id"]) == 32  # a fresh id on every response, errors too
+    assert httpx.get(server.url + "/nowhere", timeout=10).headers["x-request-id"]
+
+
+def test_ping_and_invocations_are_vllms_routes(server):
+    assert httpx.get(server.url + "/ping", timeout=10).status_code == 200
+    assert httpx.post(server.url + "/ping", timeout=10).status_code == 200
+    for kind in ("completion", "chat"):
+        path, body = BODIES[kind]
+        via_route = httpx.post(server.url + path, json={**body, "temperature": 0}, timeout=60).json()
+        invoked = httpx.post(server.url + "/invocations", json={**body, "temperature": 0}, timeout=60).json()
+        assert invoked["object"] == via_route["object"] and invoked["choices"] == via_route["choices"]
+    bad = httpx.post(server.url + "/invocations", json={"prompt": "Hi", "max_tokens": "many"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+
+
+PREFILLED = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+
+
+def test_chat_template_options_and_echo(server):
+    def tokens(**options):
+        reply = httpx.post(server.url + "/tokenize", json={"messages": PREFILLED[:1], **options}, timeout=60)
+        return reply.json()["tokens"]
+
+    opened, closed = tokens(), tokens(add_generation_prompt=False)
+    assert len(opened) > len(closed) and opened[:len(closed)] == closed  # the assistant's turn is opened
+    prefill = httpx.post(server.url + "/tokenize", json={"messages": PREFILLED, "add_generation_prompt": False,
+                                                         "continue_final_message": True}, timeout=60).json()
+    assert prefill["token_strs"] is None and prefill["tokens"][:len(opened)] == opened
+    text = httpx.post(server.url + "/detokenize", json={"tokens": prefill["tokens"]}, timeout=60).json()["prompt"]
+    assert text.endswith("assistant\nThe colour is")  # the last message is left open: nothing after its text
+    both = httpx.post(server.url + "/tokenize", json={"messages": PREFILLED, "continue_final_message": True},
+                      timeout=60)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+
+    api = client(server.url)
+    options = dict(model=MODEL, messages=PREFILLED, max_tokens=4, temperature=0,
+                   extra_body={"add_generation_prompt": False, "continue_final_message": True, "echo": True})
+    reply = api.chat.completions.create(**options).choices[0].message.content
+    assert reply.startswith("The colour is") and len(reply) > len("The colour is")
+    assert api.chat.completions.create(**options).usage.prompt_tokens == len(prefill["tokens"])
+    streamed = "".join(c.choices[0].delta.content or "" for c in api.chat.completions.create(**options, stream=True)
+                       if c.choices)
+    assert streamed == reply
+
+
+def test_tokenize_returns_token_strings_when_asked(server):
+    out = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world", "return_token_strs": True},
+                     timeout=60).json()
+    assert len(out["token_strs"]) == len(out["tokens"]) and all(isinstance(t, str) for t in out["token_strs"])

@@ -23,6 +23,7 @@ try:  # the server's own packages; the engine, `LLM` and `jaxllm generate` need 
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from pydantic import ValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:
     require("fastapi", SERVER)  # a missing package: MissingDependencyError naming it and the pip command
@@ -33,6 +34,7 @@ import jaxllm
 from jaxllm.entrypoints.openai.async_engine import DEFAULT_STALL_TIMEOUT_S, AsyncEngine
 from jaxllm.entrypoints.openai.errors import OpenAIError, UnexpectedErrorsAsOpenAIErrors, error_response
 from jaxllm.entrypoints.openai.guards import RequestGuard
+from jaxllm.entrypoints.openai.request_id import RequestIdHeader
 from jaxllm.entrypoints.openai.metrics import ServerMetrics
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
     LoadLoRAAdapterRequest, ModelList, TokenizeRequest, UnloadLoRAAdapterRequest
@@ -129,6 +131,7 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     _add_error_handlers(app)
     app.add_middleware(UnexpectedErrorsAsOpenAIErrors)
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(RequestIdHeader)  # the last added runs first: every response carries the id
     _add_routes(app)
     if allow_runtime_lora_updating:
         logger.warning("runtime LoRA updating is on: any client may load adapters from this host's files")
@@ -183,6 +186,8 @@ def _add_routes(app: FastAPI) -> None:
         problem = state.async_engine.health_problem()
         return Response(status_code=200) if problem is None else error_response(503, problem, code="engine_unhealthy")
 
+    app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's (SageMaker's) name for /health
+
     @app.get("/version")
     async def version():
         return {"version": jaxllm_version()}
@@ -197,11 +202,23 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw_request: Request):
+        _name_by_client_id(request, raw_request)
         return _respond(await _unless_disconnected(raw_request, state.completions.create(request)))
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatCompletionRequest, raw_request: Request):
+        _name_by_client_id(request, raw_request)
         return _respond(await _unless_disconnected(raw_request, state.chat.create(request)))
+
+    @app.post("/invocations")
+    async def invocations(body: dict, raw_request: Request):
+        """vLLM's (SageMaker's) one route: a body with "messages" is a chat request, else a completion."""
+        kind, route = (ChatCompletionRequest, chat) if "messages" in body else (CompletionRequest, completions)
+        try:
+            request = kind.model_validate(body)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        return await route(request, raw_request)
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest):
@@ -251,6 +268,13 @@ async def _disconnected(raw_request: Request) -> None:
         pass
 
 
+def _name_by_client_id(request, raw_request: Request) -> None:
+    """A client's X-Request-Id names the response, before the body's request_id (vLLM)."""
+    client_id = getattr(raw_request.state, "client_request_id", None)
+    if client_id is not None:
+        request.request_id = client_id
+
+
 def _respond(result):
     if hasattr(result, "__aiter__"):
         return StreamingResponse(result, media_type="text/event-stream",
@@ -265,11 +289,13 @@ async def _tokenize(serving: ChatServing, request: TokenizeRequest) -> dict:
     if (request.prompt is None) == (request.messages is None):
         raise OpenAIError(400, "send exactly one of 'prompt' and 'messages'", "prompt")
     if request.messages is not None:
-        tokens = await serving.render(request.messages)
+        tokens = await serving.render(request.messages, **request.template_options())
     else:
         tokens = await serving.tokenizers.run(
             lambda tokenizer: tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": serving.max_model_len}
+    strs = await serving.tokenizers.run(lambda tokenizer: tokenizer.convert_ids_to_tokens(tokens)) \
+        if request.return_token_strs else None
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": serving.max_model_len, "token_strs": strs}
 
 
 async def _detokenize(serving: ChatServing, request: DetokenizeRequest) -> dict:

@@ -7,7 +7,7 @@ import hmac
 
 from jaxllm.entrypoints.openai.errors import error_response
 
-OPEN_PATHS = ("/health", "/metrics", "/version")  # reachable without the API key (probes, scrapers)
+OPEN_PATHS = ("/health", "/ping", "/metrics", "/version")  # reachable without the API key (probes, scrapers)
 
 
 class RequestGuard:

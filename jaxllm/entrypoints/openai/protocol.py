@@ -186,11 +186,35 @@ class ChatMessage(OpenAIBaseModel):
         return message
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatTemplateOptions(RequestModel):
+    """How the chat template renders the messages (vLLM's fields)."""
+
+    add_generation_prompt: bool = True  # end with the assistant's turn opened
+    continue_final_message: bool = False  # leave the last message open: the reply continues it
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> "ChatTemplateOptions":
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("continue_final_message: cannot be used with add_generation_prompt (set it false)")
+        return self
+
+    def template_options(self) -> dict:
+        return dict(add_generation_prompt=self.add_generation_prompt,
+                    continue_final_message=self.continue_final_message)
+
+
+class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    echo: bool = False  # the reply starts with the last message's content when that message is the assistant's
+
+    def echoed_text(self) -> str:
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant":
+            return ""
+        return last.as_template_input()["content"]
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -203,11 +227,12 @@ class ChatCompletionRequest(SamplingRequest):
         return self.top_logprobs or 0
 
 
-class TokenizeRequest(RequestModel):
+class TokenizeRequest(ChatTemplateOptions):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    return_token_strs: bool = False  # also the tokens' strings (token_strs)
 
 
 class DetokenizeRequest(RequestModel):

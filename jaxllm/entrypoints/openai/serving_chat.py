@@ -29,20 +29,22 @@ class ChatServing(ServingBase):
         params = self.sampling_params(request, request.requested_max_tokens(), logprobs,
                                       "max_tokens" if request.max_completion_tokens is None else
                                       "max_completion_tokens")
-        prompt_ids = await self.render(request.messages)
+        prompt_ids = await self.render(request.messages, **request.template_options())
         streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params, lora_request)
         request_id, model = request.response_id("chatcmpl"), self.response_model(lora_request)
         if request.stream:
             return self._stream(request_id, request, streams, model, len(prompt_ids))
         return await self._full(request_id, request, streams, model)
 
-    async def render(self, messages) -> list[int]:
-        """The messages through the chat template, encoded (on a tokenizer worker)."""
+    async def render(self, messages, **template_options) -> list[int]:
+        """The messages through the chat template (tokenizer.chat_prompt_ids' options), encoded on a tokenizer
+        worker."""
         if not self.tokenizers.available:
             raise bad_request("chat needs a tokenizer; this server runs without one", "messages")
         try:
             conversation = [m.as_template_input() for m in messages]
-            return await self.tokenizers.run(chat_prompt_ids, conversation)
+            return await self.tokenizers.run(lambda tokenizer: chat_prompt_ids(tokenizer, conversation,
+                                                                               **template_options))
         except ValueError as e:
             raise bad_request(str(e), "messages") from None
         except TemplateError as e:  # the template rejects these messages, or the template itself is broken
@@ -67,7 +69,8 @@ class ChatServing(ServingBase):
                 last[completion.index] = completion
 
         await self.collect(merge(streams), consume)
-        choices = [ChatChoice(index=i, message=ChatResponseMessage(content="".join(texts[i])),
+        echo = request.echoed_text()
+        choices = [ChatChoice(index=i, message=ChatResponseMessage(content=echo + "".join(texts[i])),
                               logprobs=ChatLogprobs(content=logprobs[i]) if request.logprobs else None,
                               finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
                    for i in sorted(texts)]
@@ -82,6 +85,9 @@ class ChatServing(ServingBase):
 
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                      for i in range(request.n)], usage(prompt_tokens, 0) if request.continuous_usage else None)
+        if echo := request.echoed_text():
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo)) for i in range(request.n)],
+                        usage(prompt_tokens, 0) if request.continuous_usage else None)
         generated = 0
         try:
             async for _, output in merge(streams):
