@@ -144,3 +144,24 @@ def test_tokenize_returns_token_strings_when_asked(server):
     out = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world", "return_token_strs": True},
                      timeout=60).json()
     assert len(out["token_strs"]) == len(out["tokens"]) and all(isinstance(t, str) for t in out["token_strs"])
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server):
+    prompt = [504, 3575, 282, 4649, 314, 1300, 42]
+
+    def complete(**body):
+        return httpx.post(server.url + "/v1/completions", json={"model": MODEL, "max_tokens": 4, "temperature": 0,
+                                                                **body}, timeout=60).json()
+
+    cut = complete(prompt=prompt, truncate_prompt_tokens=3)
+    assert cut["usage"]["prompt_tokens"] == 3
+    assert cut["choices"][0]["text"] == complete(prompt=prompt[-3:])["choices"][0]["text"]
+    right = complete(prompt=prompt, truncate_prompt_tokens=3, truncation_side="right")
+    assert right["choices"][0]["text"] == complete(prompt=prompt[:3])["choices"][0]["text"]
+    assert complete(prompt=prompt, truncate_prompt_tokens=-1)["usage"]["prompt_tokens"] == len(prompt)
+    chat = httpx.post(server.url + "/v1/chat/completions", json={**BODIES["chat"][1], "truncate_prompt_tokens": 2},
+                      timeout=60).json()
+    assert chat["usage"]["prompt_tokens"] == 2
+    zero = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt,
+                                                            "truncate_prompt_tokens": 0}, timeout=60)
+    assert zero.status_code == 400 and zero.json()["error"]["param"] == "truncate_prompt_tokens"

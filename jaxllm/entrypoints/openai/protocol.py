@@ -91,6 +91,8 @@ class SamplingRequest(RequestModel):
     # vLLM's extras
     request_id: str | None = None  # names the response (its id); the engine's own ids stay unique
     prompt_logprobs: int | None = None  # top logprobs per prompt token (not with stream)
+    truncate_prompt_tokens: int | None = None  # keep this many prompt tokens (-1: max_model_len)
+    truncation_side: Literal["left", "right"] = "left"  # left: the prompt's last tokens are kept
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -125,7 +127,18 @@ class SamplingRequest(RequestModel):
             raise ValueError("stream_options: only allowed when stream is true")
         if self.prompt_logprobs and self.stream:
             raise ValueError("prompt_logprobs: not available when stream is true")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1 \
+                and self.truncate_prompt_tokens != -1:
+            raise ValueError(f"truncate_prompt_tokens: must be -1 or >= 1, got {self.truncate_prompt_tokens}")
         return self
+
+    def truncated(self, prompt: dict, max_model_len: int) -> dict:
+        """A prompt dict cut to truncate_prompt_tokens tokens (its text dropped: it no longer matches)."""
+        keep = max_model_len if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        ids = prompt["prompt_token_ids"]
+        if keep is None or len(ids) <= keep:
+            return prompt
+        return {"prompt_token_ids": ids[-keep:] if self.truncation_side == "left" else ids[:keep]}
 
     @property
     def include_usage(self) -> bool:

@@ -29,7 +29,10 @@ class ChatServing(ServingBase):
         params = self.sampling_params(request, request.requested_max_tokens(), logprobs,
                                       "max_tokens" if request.max_completion_tokens is None else
                                       "max_completion_tokens")
-        prompt_ids = await self.render(request.messages, **request.template_options())
+        prompt = request.truncated({"prompt_token_ids": await self.render(request.messages,
+                                                                          **request.template_options())},
+                                   self.max_model_len)
+        prompt_ids = prompt["prompt_token_ids"]
         streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params, lora_request)
         request_id, model = request.response_id("chatcmpl"), self.response_model(lora_request)
         if request.stream:

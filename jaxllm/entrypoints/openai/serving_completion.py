@@ -22,8 +22,8 @@ class CompletionServing(ServingBase):
             raise OpenAIError(400, "suffix is not supported", "suffix")
         max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
         params = self.sampling_params(request, max_tokens, request.logprobs)
-        prompts = [{"prompt_token_ids": p} if isinstance(p, list) else await self.encode_prompt(p)
-                   for p in request.prompts()]
+        prompts = [request.truncated({"prompt_token_ids": p} if isinstance(p, list) else await self.encode_prompt(p),
+                                     self.max_model_len) for p in request.prompts()]
         streams = await self.submit(random_id("cmpl"), prompts, params, lora_request)
         request_id, model = request.response_id("cmpl"), self.response_model(lora_request)
         if request.stream:
