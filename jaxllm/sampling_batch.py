@@ -21,7 +21,7 @@ LogitState holds, per slot, what is O(V) per request; M slots plus a last, neutr
 
     output_counts        [M+1, V]  int32    times each token was sampled (frequency, presence; > 0: seen)
     token_flags          [M+1, V]  int8     IN_PROMPT (repetition penalty) | STOP_ID (EOS and stop ids)
-    bias                 [M+1, V]  float32  logit_bias
+    bias                 [M+1, V]  float32  logit_bias (-inf outside allowed_token_ids)
 
 The engine's runner keeps the state on the device: a request that needs it (bias, a penalty, or min_tokens with
 stop ids) is given a slot whose rows are written once (RowSampling.state_rows, one small program), and the sample
@@ -125,11 +125,11 @@ class RowSampling:
     def needs_state(self) -> bool:
         """Whether the request needs a LogitState slot (at any point of its generation)."""
         p = self.params
-        return bool(p.logit_bias) or p.needs_penalties or (p.min_tokens > 0 and len(self.min_tokens_ids) > 0)
+        return p.biases_logits or p.needs_penalties or (p.min_tokens > 0 and len(self.min_tokens_ids) > 0)
 
     @property
     def adjusts_now(self) -> bool:
-        return bool(self.params.logit_bias) or self.params.needs_penalties or self.masks_stop_ids
+        return self.params.biases_logits or self.params.needs_penalties or self.masks_stop_ids
 
     def state_rows(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> LogitState:
         """The request's rows of LogitState ([V] each, numpy), from its whole history so far."""
@@ -140,6 +140,9 @@ class RowSampling:
         if self.params.min_tokens > 0:
             flags[self.min_tokens_ids] |= STOP_ID
         bias = np.zeros(vocab, np.float32)
+        if self.params.allowed_token_ids is not None:
+            bias[:] = -np.inf
+            bias[self.params.allowed_token_ids] = 0.0
         if self.params.logit_bias:
             bias[list(self.params.logit_bias)] = list(self.params.logit_bias.values())
         return LogitState(counts, flags, bias)

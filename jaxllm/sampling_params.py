@@ -51,6 +51,7 @@ class SamplingParams:
     skip_special_tokens / spaces_between_special_tokens: detokenization options.
     include_stop_str_in_output: keep the matched stop string at the end of the output text.
     logit_bias: token id -> value added to its logit before sampling.
+    allowed_token_ids: None, or the only tokens that may be sampled.
     detokenize: produce output text (stop strings need it).
     """
 
@@ -75,6 +76,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     detokenize: bool = True
 
     def __post_init__(self) -> None:
@@ -114,12 +116,18 @@ class SamplingParams:
         return self.num_sequences > self.n
 
     @property
+    def biases_logits(self) -> bool:
+        """A per-token addition to the logits: logit_bias, or -inf outside allowed_token_ids."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
+
+    @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Raise ValueError if logit_bias or stop_token_ids name a token outside [0, vocab_size)."""
-        for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids)):
+        for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids),
+                          ("allowed_token_ids", self.allowed_token_ids or [])):
             bad = [i for i in ids if not 0 <= i < vocab_size]
             if bad:
                 raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), got {bad}")
@@ -154,6 +162,12 @@ class SamplingParams:
         for token in self.stop_token_ids:
             _require_int("stop_token_ids", token, low=0)
         self._validate_logit_bias()
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got "
+                                 f"{self.allowed_token_ids!r}")
+            for token in self.allowed_token_ids:
+                _require_int("allowed_token_ids", token, low=0)
 
     def _validate_logit_bias(self) -> None:
         if self.logit_bias is None:

@@ -126,3 +126,24 @@ def test_samples_of_one_prompt_run_together_with_async_scheduling(tiny_model_dir
         engine.step()
         steps += 1
     assert steps <= 20 + 3, steps  # 20 tokens each; the siblings start once the first one's prefill is back
+
+
+@pytest.mark.parametrize("extra", [{}, {"logit_bias": {9: 5.0}, "repetition_penalty": 1.3}], ids=["alone", "mixed"])
+def test_allowed_token_ids_are_the_only_tokens_sampled(tiny_model_dir, extra):
+    engine = make_engine(tiny_model_dir("llama2")[0])
+    allowed = [5, 9, 200]
+    engine.add_request("only", [5, 6, 7, 8], SamplingParams(n=2, temperature=1.5, seed=3, max_tokens=24,
+                                                            ignore_eos=True, detokenize=False,
+                                                            allowed_token_ids=allowed, **extra))
+    engine.add_request("free", [5, 6, 7, 8], SamplingParams(temperature=1.5, seed=3, max_tokens=24, ignore_eos=True,
+                                                            detokenize=False))
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o for o in engine.step() if o.finished}
+    sampled = {t for c in finals["only"].outputs for t in c.token_ids}
+    assert sampled <= set(allowed) and len(sampled) > 1
+    assert set(finals["free"].outputs[0].token_ids) - set(allowed)  # the row beside it is not restricted
+    with pytest.raises(ValueError, match=r"allowed_token_ids must hold token ids in \[0, 256\)"):
+        engine.add_request("bad", [5], SamplingParams(allowed_token_ids=[256]))
+    with pytest.raises(ValueError, match="allowed_token_ids must be a non-empty list"):
+        SamplingParams(allowed_token_ids=[])

@@ -165,3 +165,10 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server):
     zero = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt,
                                                             "truncate_prompt_tokens": 0}, timeout=60)
     assert zero.status_code == 400 and zero.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_allowed_token_ids_are_checked_against_the_vocabulary(server):
+    path, body = BODIES["completion"]
+    assert httpx.post(server.url + path, json={**body, "allowed_token_ids": [504, 7302]}, timeout=60).status_code == 200
+    bad = httpx.post(server.url + path, json={**body, "allowed_token_ids": [10 ** 6]}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "allowed_token_ids"
