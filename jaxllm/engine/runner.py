@@ -17,7 +17,6 @@ forward program from this step's sampled tokens, which stay on the device.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import jax
 import numpy as np
@@ -37,19 +36,16 @@ from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
 from jaxllm.sampling_batch import empty_logit_state
 
-logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class TokenCounts:
     """Tokens the forward programs were given (scheduled) and computed (their T buckets, padding included)."""
     scheduled: int = 0
     computed: int = 0
-    steps: int = 0
 
     def add(self, scheduled: int, computed: int) -> None:
         self.scheduled += scheduled
         self.computed += computed
-        self.steps += 1
 
     @property
     def padded_fraction(self) -> float:

@@ -41,7 +41,7 @@ from jaxllm.model.kernels import Kernels
 from jaxllm.model.tensor_parallel import default_mesh
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import count_sampled, sample, token_logprobs
-from jaxllm.sampling_batch import LogitState, SamplingBatch
+from jaxllm.sampling_batch import LogitState, SamplingBatch, pack_sampling_batch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -208,19 +208,9 @@ class StepPrograms:
 
 
 def abstract_sampling_batch(num_rows: int) -> SamplingBatch:
-    """The sampler program's per-row input (its LogitState is an argument of its own)."""
-    rows = (num_rows,)
-
-    def column(dtype):
-        return _abstract(rows, dtype)
-
-    return SamplingBatch(
-        temperature=column(jnp.float32), is_greedy=column(jnp.bool_), top_k=column(jnp.int32),
-        top_p=column(jnp.float32), min_p=column(jnp.float32), rng_key_data=_abstract((num_rows, 2), jnp.uint32),
-        rng_stream=column(jnp.uint32), rng_counter=column(jnp.uint32), slot=column(jnp.int32),
-        repetition_penalty=column(jnp.float32), frequency_penalty=column(jnp.float32),
-        presence_penalty=column(jnp.float32), masks_stop_ids=column(jnp.bool_),
-        wants_logprobs=_abstract((), jnp.bool_), has_adjustments=_abstract((), jnp.bool_))
+    """The sampler program's per-row input (its LogitState is an argument of its own): the shapes and dtypes
+    pack_sampling_batch makes, so the two cannot drift apart."""
+    return jax.tree.map(lambda a: _abstract(a.shape, a.dtype), pack_sampling_batch([], num_rows, neutral_slot=0))
 
 
 def _abstract_logit_state(shape) -> LogitState:
