@@ -72,7 +72,7 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
     text (None: the built-in one)."""
     from tqdm.auto import tqdm
 
-    from jaxllm.quantization.activation_stats import layer_tap_stats
+    from jaxllm.quantization.search import layer_tap_stats
     from jaxllm.quantization.dense_forward import embed_tokens, layer_output
 
     start = time.perf_counter()
