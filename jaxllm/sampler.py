@@ -66,9 +66,11 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
     tokens = lax.cond(jnp.all(batch.is_greedy), lambda: greedy,
                       lambda: jnp.where(batch.is_greedy, greedy, _random_sample(adjusted, batch)))
     num_top = min(MAX_LOGPROBS, logits.shape[1])
-    return lax.cond(batch.wants_logprobs,
-                    lambda: _with_logprobs(tokens, jax.nn.log_softmax(logits, axis=-1), num_top),
-                    lambda: _no_logprobs(tokens, num_top))
+
+    def with_logprobs():
+        return SamplerOutput(tokens, *token_logprobs(jax.nn.log_softmax(logits, axis=-1), tokens, num_top))
+
+    return lax.cond(batch.wants_logprobs, with_logprobs, lambda: _no_logprobs(tokens, num_top))
 
 
 def apply_adjustments(logits: jax.Array, batch: SamplingBatch, state: LogitState) -> jax.Array:
@@ -219,11 +221,6 @@ def token_logprobs(logprobs: jax.Array, tokens: jax.Array, num_top: int):
     ranks = 1 + (logprobs > chosen[:, None]).sum(-1, dtype=jnp.int32)
     top_logprobs, top_ids = lax.top_k(logprobs, num_top)  # [R, N]
     return chosen, ranks, top_ids.astype(jnp.int32), top_logprobs
-
-
-def _with_logprobs(tokens: jax.Array, logprobs: jax.Array, num_top: int) -> SamplerOutput:
-    """Sampled-token logprob and rank, and the top `num_top` logprobs, from logprobs [R, V]."""
-    return SamplerOutput(tokens, *token_logprobs(logprobs, tokens, num_top))
 
 
 def _no_logprobs(tokens: jax.Array, top: int) -> SamplerOutput:

@@ -29,9 +29,6 @@ program counts each sampled token into its row. So nothing O(S x V) crosses the 
 for a token's value on the host to penalize it: async scheduling serves every mix. A per-row token mask
 (structured outputs) would join here as another per-slot array.
 
-Nothing here is static: whether a batch is all greedy, filters, has adjustments or asks for logprobs is read by
-the sampler at run time, so one program per S serves every mix of requests.
-
 RowSampling is one request's share, on the host: its scalars, and a count of the tokens dispatched so far (the
 noise counter and min_tokens need only the count, not the values).
 """

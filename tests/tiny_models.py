@@ -55,13 +55,17 @@ HF_TO_GGUF_LAYER = {
 }
 
 
+def permute_rope_rows(w, num_heads: int):
+    """Hugging Face row order -> llama.cpp's (the inverse of loaders.gguf.unpermute_rope_rows)."""
+    head_dim = w.shape[0] // num_heads
+    return w.reshape(num_heads, 2, head_dim // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def write_gguf(model, path: Path, arch: str = "llama", matrix_type=None, tensor_overrides=None) -> Path:
     """Write an HF model as a llama.cpp-style GGUF: Q/K rows permuted (llama arch), 2-D weights stored as
     `matrix_type` (default F32), everything else F32. tensor_overrides: name -> (raw numpy data, GGML type)."""
     import gguf
     from gguf.quants import quantize
-
-    from jaxllm.loaders.gguf import permute_rope_rows
 
     cfg = model.config
     qtype = matrix_type or gguf.GGMLQuantizationType.F32

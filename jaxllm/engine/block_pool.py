@@ -97,26 +97,16 @@ class BlockPool:
             block.block_hash = None
 
     def check_invariants(self, block_tables: Mapping[str, Sequence[Block]] | None = None) -> None:
-        """Raise AssertionError describing the first broken invariant of the pool's bookkeeping (a debugging and
-        testing aid that walks every block; it does not rely on `assert`, so it also checks under python -O).
-
-        Checked: the null block is never handed out or cached; the free queue holds exactly the blocks with ref
-        count 0 (none negative, none lost); the prefix-cache map and the blocks' hashes agree one to one. With
-        `block_tables` (request id -> its blocks, for every request holding blocks): no table holds a block twice
-        or the null block, and each block's ref count equals the number of tables holding it."""
-        self._check_null_block()
-        self._check_free_queue()
-        self._check_prefix_cache_map()
-        if block_tables is not None:
-            self._check_ref_counts(block_tables)
-
-    def _check_null_block(self) -> None:
+        """Raise AssertionError naming the first broken invariant of the bookkeeping (a testing aid that walks every
+        block; it does not rely on `assert`, so it also checks under python -O): the null block is never handed out
+        or cached; the free queue holds exactly the blocks of ref count 0 (none negative, none lost); the
+        prefix-cache map and the blocks' hashes agree one to one. With `block_tables` (request id -> its blocks, for
+        every request holding blocks): no table holds a block twice or the null block, and each block's ref count
+        is the number of tables holding it."""
         null = self.blocks[NULL_BLOCK_ID]
         if null.ref_count != 0 or null.block_hash is not None or NULL_BLOCK_ID in self._free:
             raise AssertionError(f"the null block was handed out or cached: ref count {null.ref_count}, "
                                  f"hash {null.block_hash!r}, in the free queue: {NULL_BLOCK_ID in self._free}")
-
-    def _check_free_queue(self) -> None:
         for block_id, block in self._free.items():
             if block is not self.blocks[block_id]:
                 raise AssertionError(f"free-queue entry {block_id} is not the pool's block {block_id}")
@@ -127,8 +117,6 @@ class BlockPool:
                 raise AssertionError(f"block {block.block_id} has a negative ref count {block.ref_count}")
             if block.ref_count == 0 and block.block_id not in self._free:
                 raise AssertionError(f"block {block.block_id} has ref count 0 but is not in the free queue (leaked)")
-
-    def _check_prefix_cache_map(self) -> None:
         for block_hash, block in self._cached.items():
             if block is not self.blocks[block.block_id] or block.block_hash != block_hash:
                 raise AssertionError(f"the prefix cache maps a hash to block {block.block_id}, which does not "
@@ -140,8 +128,8 @@ class BlockPool:
             raise AssertionError(f"{len(self._cached)} blocks were cached with prefix caching off")
         if not 0 <= self.prefix_cache_hits <= self.prefix_cache_queries:
             raise AssertionError(f"{self.prefix_cache_hits} prefix-cache hits for {self.prefix_cache_queries} queries")
-
-    def _check_ref_counts(self, block_tables: Mapping[str, Sequence[Block]]) -> None:
+        if block_tables is None:
+            return
         holders: Counter[int] = Counter()
         for request_id, table in block_tables.items():
             ids = [b.block_id for b in table]

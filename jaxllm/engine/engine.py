@@ -21,6 +21,8 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
+import jax
+
 from jaxllm.config import LoRAConfig, ParallelConfig, merge_token_ids
 from jaxllm.errors import lone_surrogate
 from jaxllm.engine import distributed
@@ -31,8 +33,10 @@ from jaxllm.engine.output_processor import OUTPUT_KINDS, OutputProcessor
 from jaxllm.engine.request import Request, RequestStatus
 from jaxllm.engine.runner import InflightStep, ModelRunner
 from jaxllm.engine.scheduler import Scheduler, SchedulerOutput
+from jaxllm.loaders import load_host_model, place_model
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.lora.request import LoRARequest
+from jaxllm.model import tensor_parallel
 from jaxllm.model.kernels import select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
@@ -51,7 +55,8 @@ class LLMEngine:
         args = dataclasses.replace(args, tensor_parallel_size=distributed.tensor_parallel_size(
             args.tensor_parallel_size, group))
         self.process_index = distributed.process_index()  # 0 unless several processes run the model
-        loaded = loaded if loaded is not None else _load_host(args)
+        if loaded is None:  # on the host: _place puts the params on their devices
+            loaded = load_host_model(args.model, dtype=args.dtype, quantization=args.quantization)
         # the params on their mesh (one device unless split) before the pool is sized
         self.parallel_config = args.parallel_config()
         self.mesh, self.loaded = _place(loaded, self.parallel_config.tensor_parallel_size)
@@ -283,23 +288,11 @@ def _lora_manager(lora: LoRAConfig | None, parallel: ParallelConfig, loaded) -> 
     return LoRAManager(loaded.config, **dataclasses.asdict(lora), dtype=params_dtype(loaded.params))
 
 
-def _load_host(args: EngineArgs):
-    """The model's params on the host (_place puts them on their devices)."""
-    from jaxllm.loaders import load_host_model
-
-    return load_host_model(args.model, dtype=args.dtype, quantization=args.quantization)
-
-
 def _place(loaded, tp_size: int):
     """(the mesh of tp_size devices, `loaded` with its params on it); ValueError for sizes that cannot work.
 
     Split over several devices, each receives only its own part, from the host (params already on a device are
     fetched first): no device holds the whole model on the way."""
-    import jax
-
-    from jaxllm.loaders import place_model
-    from jaxllm.model import tensor_parallel
-
     tensor_parallel.check_tp_size(loaded.config, tp_size, len(jax.devices()))
     mesh = tensor_parallel.make_mesh(tp_size)
     return mesh, place_model(loaded, mesh)

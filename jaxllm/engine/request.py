@@ -46,7 +46,6 @@ class Request:
     lora_int_id: int = 0  # the LoRA adapter it runs with (LoRARequest.lora_int_id); 0: the base model
     wait_for: "Request | None" = None  # a sibling whose prompt must be computed first (n > 1 prefix sharing)
     first_token_time: float | None = None
-    finished_time: float | None = None
 
     def __post_init__(self):
         self._all_token_ids = self.prompt_token_ids + self.output_token_ids

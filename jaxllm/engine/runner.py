@@ -17,7 +17,6 @@ forward program from this step's sampled tokens, which stay on the device.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import jax
 import numpy as np
@@ -28,7 +27,7 @@ from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.engine.input_batch import InputBatch, StepInputs
 from jaxllm.engine.output_processor import SampleResult
 from jaxllm.engine.scheduler import NewRequestData, SchedulerOutput
-from jaxllm.engine.step_programs import StepPrograms
+from jaxllm.engine.step_programs import PROMPT_LOGPROBS_KEY, WRITE_LOGIT_ROWS_KEY, StepPrograms
 from jaxllm.lora import device_slots
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.model.tensor_parallel import default_mesh, init_kv_cache
@@ -37,19 +36,16 @@ from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
 from jaxllm.sampling_batch import empty_logit_state
 
-logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class TokenCounts:
     """Tokens the forward programs were given (scheduled) and computed (their T buckets, padding included)."""
     scheduled: int = 0
     computed: int = 0
-    steps: int = 0
 
     def add(self, scheduled: int, computed: int) -> None:
         self.scheduled += scheduled
         self.computed += computed
-        self.steps += 1
 
     @property
     def padded_fraction(self) -> float:
@@ -118,19 +114,19 @@ class ModelRunner:
         self._load_adapters(out.lora_loads)
         inputs = self.inputs.prepare(out)
         for slot, rows in inputs.logit_writes:
-            self.logit_state = self.programs.write_logit_rows(self.logit_state, np.int32(slot), rows)
+            self.logit_state = self.programs.run(WRITE_LOGIT_ROWS_KEY, self.logit_state, np.int32(slot), rows)
         self.token_counts.add(out.num_tokens, inputs.forward_key.size)
-        hidden, self.kv = self.programs.forward(inputs.forward_key, self.params, self.kv, inputs.batch,
-                                                self._next_tokens, inputs.prev_rows, self.lora_slots)
+        hidden, self.kv = self.programs.run(inputs.forward_key, self.params, self.kv, inputs.batch,
+                                            self._next_tokens, inputs.prev_rows, self.lora_slots)
         sampled = None
         if inputs.sample_key is not None:
-            sampled, self._next_tokens, self.logit_state = self.programs.sample(
+            sampled, self._next_tokens, self.logit_state = self.programs.run(
                 inputs.sample_key, self.params, hidden, inputs.sampling, self.logit_state)
         prompt_out = []
         for first in range(0, len(inputs.prompt_targets), PROMPT_ROWS):
-            prompt_out.append(self.programs.prompt_logprobs(self.params, hidden,
-                                                            np.int32(self.buckets.num_sample_rows + first),
-                                                            inputs.prompt_targets[first:first + PROMPT_ROWS]))
+            prompt_out.append(self.programs.run(PROMPT_LOGPROBS_KEY, self.params, hidden,
+                                                np.int32(self.buckets.num_sample_rows + first),
+                                                inputs.prompt_targets[first:first + PROMPT_ROWS]))
         self.inputs.commit(inputs)
         return InflightStep(inputs, sampled, prompt_out)
 

@@ -121,7 +121,6 @@ class Scheduler:
             self.waiting.remove(request)
         request.status = status
         request.stop_reason = stop_reason
-        request.finished_time = time.monotonic()
         self.kv_cache.forget(request)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)

@@ -15,9 +15,9 @@
     prompt_logprobs(params, hidden, first_row, targets [P]) -> (logprob [P], rank [P], top ids [P, N], top lps [P, N])
         P = PROMPT_ROWS rows of hidden from first_row; N = MAX_LOGPROBS.
 
-StepPrograms has one method per program with its signature (forward, sample, prompt_logprobs, write_logit_rows);
-the ProgramKey is the cache key of the compiled program. `compile_all` builds every program of the bucket set (warm-up); a program
-not built yet is built on first use and logged. Nothing else ever reaches XLA: the runner calls these only.
+StepPrograms.run(key, *args) runs the program a ProgramKey names (its kind: one of the signatures above; the key is
+the compiled program's cache key). `compile_all` builds every program of the bucket set (warm-up); a program not
+built yet is built on first use and logged. Nothing else ever reaches XLA: the runner calls run only.
 `program(key)` is the jitted function with its static arguments, for lowering a program elsewhere (tests).
 """
 
@@ -41,7 +41,7 @@ from jaxllm.model.kernels import Kernels
 from jaxllm.model.tensor_parallel import default_mesh
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import count_sampled, sample, token_logprobs
-from jaxllm.sampling_batch import LogitState, SamplingBatch
+from jaxllm.sampling_batch import LogitState, SamplingBatch, pack_sampling_batch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -120,29 +120,14 @@ class StepPrograms:
         self.compile_seconds = 0.0
         self.used: set[ProgramKey] = set()  # by steps so far
 
-    def forward(self, key: ProgramKey, params, kv, batch: StepBatch, prev_tokens, prev_rows, lora):
-        """-> (hidden [R, H], kv); kv donated."""
-        return self._run(key, params, kv, batch, prev_tokens, prev_rows, lora)
-
-    def sample(self, key: ProgramKey, params, hidden, sampling: SamplingBatch, state: LogitState):
-        """-> (SamplerOutput [S], next_tokens [S_max], state); state donated."""
-        return self._run(key, params, hidden, sampling, state)
-
-    def prompt_logprobs(self, params, hidden, first_row, targets):
-        """-> (logprob [P], rank [P], top ids [P, N], top logprobs [P, N])."""
-        return self._run(PROMPT_LOGPROBS_KEY, params, hidden, first_row, targets)
-
-    def write_logit_rows(self, state: LogitState, slot, rows: LogitState) -> LogitState:
-        """-> state with `rows` [V] in `slot`; state donated."""
-        return self._run(WRITE_LOGIT_ROWS_KEY, state, slot, rows)
-
     def program(self, key: ProgramKey) -> Program:
         if key.kind == "sample":
             return Program(self._jitted["sample"], {"num_rows": key.size,
                                                     "num_sample_rows": self.buckets.num_sample_rows})
         return Program(self._jitted[key.kind], {})
 
-    def _run(self, key: ProgramKey, *args):
+    def run(self, key: ProgramKey, *args):
+        """The program of `key` on args (built first if it is not yet)."""
         self.used.add(key)
         program = self.compiled.get(key)
         if program is None:
@@ -208,19 +193,9 @@ class StepPrograms:
 
 
 def abstract_sampling_batch(num_rows: int) -> SamplingBatch:
-    """The sampler program's per-row input (its LogitState is an argument of its own)."""
-    rows = (num_rows,)
-
-    def column(dtype):
-        return _abstract(rows, dtype)
-
-    return SamplingBatch(
-        temperature=column(jnp.float32), is_greedy=column(jnp.bool_), top_k=column(jnp.int32),
-        top_p=column(jnp.float32), min_p=column(jnp.float32), rng_key_data=_abstract((num_rows, 2), jnp.uint32),
-        rng_stream=column(jnp.uint32), rng_counter=column(jnp.uint32), slot=column(jnp.int32),
-        repetition_penalty=column(jnp.float32), frequency_penalty=column(jnp.float32),
-        presence_penalty=column(jnp.float32), masks_stop_ids=column(jnp.bool_),
-        wants_logprobs=_abstract((), jnp.bool_), has_adjustments=_abstract((), jnp.bool_))
+    """The sampler program's per-row input (its LogitState is an argument of its own): the shapes and dtypes
+    pack_sampling_batch makes, so the two cannot drift apart."""
+    return jax.tree.map(lambda a: _abstract(a.shape, a.dtype), pack_sampling_batch([], num_rows, neutral_slot=0))
 
 
 def _abstract_logit_state(shape) -> LogitState:

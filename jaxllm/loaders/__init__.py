@@ -19,9 +19,9 @@ from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.loaders.checkpoint_dtype import auto_dtype
 from jaxllm.loaders.gguf import load_gguf
 from jaxllm.loaders.orbax import load_checkpoint, save_checkpoint
-from jaxllm.loaders.place import place_params
 from jaxllm.loaders.resolve import ModelSource, resolve_model
 from jaxllm.loaders.safetensors import load_hf_dir
+from jaxllm.model import tensor_parallel
 from jaxllm.model.kernels import on_gpu
 from jaxllm.model.params import LlamaParams
 
@@ -40,7 +40,7 @@ def load_model(model: str | os.PathLike | None = None, dtype: str = "auto", mesh
     dtype: "float32" | "bfloat16" | "float16" | "auto". "auto" is an orbax checkpoint's saved dtype; otherwise,
     on a GPU, the checkpoint's own (auto_dtype), and on any other backend float32, whose matmuls are the fast ones
     on CPU. mesh: a tensor_parallel.make_mesh mesh; each device receives only its own part of the params.
-    on_placed(path) runs after each array is placed on its devices (place.place_params).
+    on_placed(path) runs after each array is placed on its devices.
     quantization: None loads what the checkpoint holds (an AutoAWQ directory's linears stay packed int4: its
     config.json says so); "awq" also insists that it is one (awq.QUANTIZATION_METHODS).
     """
@@ -70,8 +70,12 @@ def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto",
 def place_model(loaded: LoadedModel, mesh: Mesh | None = None,
                 on_placed: Callable[[str], None] | None = None) -> LoadedModel:
     """load_model's second half: `loaded` (host params, or device params in the ordinary layout, which are
-    fetched to the host first when split) on the default device, or split over `mesh`."""
-    return dataclasses.replace(loaded, params=place_params(loaded.params, loaded.config, mesh, on_placed))
+    fetched to the host first when split) on the default device, or split over `mesh` (ValueError if the model
+    cannot be split over its size) by tensor_parallel.shard_params, each device receiving only its own slice."""
+    mesh = mesh or tensor_parallel.default_mesh()
+    tensor_parallel.check_tp_size(loaded.config, mesh.size, mesh.size)
+    params = tensor_parallel.shard_params(loaded.params, loaded.config, mesh, on_placed)
+    return dataclasses.replace(loaded, params=params)
 
 
 __all__ = ["LoadedModel", "load_model", "load_host_model", "place_model", "resolve_model", "save_checkpoint",

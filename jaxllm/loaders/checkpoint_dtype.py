@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
 from jaxllm.loaders.resolve import ModelSource
 
-SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-GGUF_FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # the safetensors and GGUF type names
 QUANTIZED_DTYPE = "bfloat16"  # what dequantized GGUF weights are computed in on a GPU
 
 
@@ -33,12 +33,9 @@ def _safetensors_dtype(model_dir: Path) -> str:
         with safe_open(str(path), framework="numpy") as f:
             for name in f.keys():
                 piece = f.get_slice(name)
-                count = 1
-                for n in piece.get_shape():
-                    count *= n
-                sizes[piece.get_dtype()] += count
-    floating = [(n, d) for d, n in sizes.items() if d in SAFETENSORS_DTYPES]
-    return SAFETENSORS_DTYPES[max(floating)[1]] if floating else "float32"
+                sizes[piece.get_dtype()] += math.prod(piece.get_shape())
+    floating = [(n, d) for d, n in sizes.items() if d in FLOAT_DTYPES]
+    return FLOAT_DTYPES[max(floating)[1]] if floating else "float32"
 
 
 def _gguf_dtype(path: Path) -> str:
@@ -48,4 +45,4 @@ def _gguf_dtype(path: Path) -> str:
     for tensor in open_gguf(path).tensors:
         sizes[tensor.tensor_type.name] += int(tensor.n_elements)
     most = sizes.most_common(1)[0][0] if sizes else "F32"
-    return GGUF_FLOAT_TYPES.get(most, QUANTIZED_DTYPE)
+    return FLOAT_DTYPES.get(most, QUANTIZED_DTYPE)

@@ -132,12 +132,6 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return split.swapaxes(1, 2).reshape(w.shape)  # [H, 2, D/2, ...]: first halves, then second halves
 
 
-def permute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """Hugging Face row order -> llama.cpp's (the inverse of unpermute_rope_rows); used to write test GGUFs."""
-    head_dim = w.shape[0] // num_heads
-    return w.reshape(num_heads, 2, head_dim // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def _arch(reader: GGUFReader) -> str:
     return reader.fields["general.architecture"].contents()
 

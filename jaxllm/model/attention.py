@@ -12,7 +12,6 @@ model/kernels.py chooses one (Kernels.attention); `attend` runs it.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -49,10 +48,6 @@ ATTENTION_BACKENDS: dict[str, Callable] = {"reference": reference_attention, "cp
 
 def attend(kernels: Kernels, q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
     """q [T, Hq, D] attending over the pools' layer `layer` with the implementation `kernels` names -> [T, Hq, D]."""
-    return _implementation(kernels)(q, k_pool, v_pool, layer, batch, sm_scale)
-
-
-def _implementation(kernels: Kernels) -> Callable:
     if kernels.attention == "pallas":
-        return functools.partial(pallas_attention, interpret=kernels.interpret)
-    return ATTENTION_BACKENDS[kernels.attention]
+        return pallas_attention(q, k_pool, v_pool, layer, batch, sm_scale, interpret=kernels.interpret)
+    return ATTENTION_BACKENDS[kernels.attention](q, k_pool, v_pool, layer, batch, sm_scale)

@@ -52,21 +52,17 @@ def spec(logical_axes: tuple[str, ...]) -> P:
     return P(*(AXIS_RULES.get(axis) for axis in logical_axes))
 
 
-def valid_tp_sizes(config: ModelConfig, max_size: int = 64) -> list[int]:
-    """Device counts that split this model evenly: they divide the query heads and the MLP width, and divide the
-    KV heads or are a multiple of them (the KV heads are then replicated)."""
-    return [n for n in range(1, max_size + 1)
-            if config.num_heads % n == 0 and config.intermediate_size % n == 0
-            and (config.num_kv_heads % n == 0 or n % config.num_kv_heads == 0)]
-
-
 def check_tp_size(config: ModelConfig, tp_size: int, num_devices: int) -> None:
     """Raise ValueError naming the heads and the valid sizes when the model cannot be split over tp_size."""
     if not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp_size!r}")
     if tp_size > num_devices:
         raise ValueError(f"tensor_parallel_size {tp_size} asks for more devices than the {num_devices} there are")
-    valid = valid_tp_sizes(config, max_size=max(tp_size, num_devices))
+    # sizes that divide the query heads and the MLP width, and divide the KV heads or are a multiple of them (the
+    # KV heads are then replicated)
+    valid = [n for n in range(1, max(tp_size, num_devices) + 1)
+             if config.num_heads % n == 0 and config.intermediate_size % n == 0
+             and (config.num_kv_heads % n == 0 or n % config.num_kv_heads == 0)]
     if tp_size not in valid:
         raise ValueError(f"tensor_parallel_size {tp_size} does not split this model's {config.num_heads} query "
                          f"heads, {config.num_kv_heads} KV heads and MLP width {config.intermediate_size} evenly; "

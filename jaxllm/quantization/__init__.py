@@ -4,9 +4,7 @@ GEMM checkpoints (`jaxllm quantize`).
     awq_format.py        the checkpoint's packing: pack_awq / unpack_awq / dequantize_awq (numpy)
     group_quant.py       asymmetric 4-bit group quantization (jnp)
     dense_forward.py     a per-layer forward over whole sequences, exposing each linear group's input
-    activation_stats.py  Gram matrix and mean |x| of each group's calibration inputs
-    scale_search.py      AWQ's per-input-channel scale search
-    clip_search.py       AWQ's per-group clipping search
+    search.py            each group's calibration statistics (Gram matrix, mean |x|); AWQ's scale and clip searches
     awq_layer.py         one layer: scale groups, folding, clipping, quantization (or RTN)
     layer_weights.py     loaded params -> per-layer float dicts, q/k/v and gate/up apart
     calibration.py       calibration / held-out text -> token sequences (calibration.txt, held_out.txt)
@@ -14,8 +12,7 @@ GEMM checkpoints (`jaxllm quantize`).
     hf_config.py         config.json with quantization_config; generation_config.json
     quantize.py          quantize_model: the whole pipeline
     command.py           the flags of `jaxllm quantize`
-    perplexity.py        perplexity of float weights
-    quality.py           float32 vs AWQ vs RTN held-out perplexity
+    quality.py           perplexity of float weights; float32 vs AWQ vs RTN held-out perplexity
 """
 
 from jaxllm.quantization.awq_format import dequantize_awq, pack_awq, unpack_awq

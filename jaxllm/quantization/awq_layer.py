@@ -23,11 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxllm.config import ModelConfig
-from jaxllm.quantization.activation_stats import TapStats
-from jaxllm.quantization.clip_search import search_clip
 from jaxllm.quantization.dense_forward import TAPS
 from jaxllm.quantization.group_quant import clip_groups, dequantize_groups, quantize_groups
-from jaxllm.quantization.scale_search import search_scales
+from jaxllm.quantization.search import TapStats, search_clip, search_scales
 
 LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 UNCLIPPED = ("wq", "wk")

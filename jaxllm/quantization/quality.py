@@ -9,6 +9,7 @@ quality test.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from pathlib import Path
@@ -19,11 +20,12 @@ from jaxllm.config import ModelConfig
 from jaxllm.loaders import load_host_model
 from jaxllm.quantization import calibration
 from jaxllm.quantization.checkpoint import read_dequantized
+from jaxllm.quantization.dense_forward import embed_tokens, layer_output, next_token_nll
 from jaxllm.quantization.layer_weights import global_weights, split_layers
-from jaxllm.quantization.perplexity import perplexity
 from jaxllm.quantization.quantize import check_group_size, quantize_loaded
 
 EVAL_SEQ_LEN = 512
+TOKENS_PER_CHUNK = 2048  # the logits of a chunk are [tokens, V] float32: 400 MB at V = 49152
 
 
 @dataclasses.dataclass
@@ -40,6 +42,21 @@ class QualityReport:
             change = "" if name == "float32" else f"  ({100 * (ppl / base - 1):+.2f}% vs float32)"
             out.append(f"{name:>8}: perplexity {ppl:.3f}{change}")
         return out
+
+
+def perplexity(glob: dict, layers: list[dict], config: ModelConfig, sequences: np.ndarray) -> float:
+    """exp(mean next-token NLL) over every position but the last of each sequence [S, T], from float weights
+    (layer_weights.py / checkpoint.read_dequantized dicts)."""
+    head = glob.get("lm_head", glob["embed"])  # [V, H]; tied models use the embedding
+    total, count = 0.0, 0
+    for tokens in calibration.chunks(sequences, TOKENS_PER_CHUNK):
+        x = embed_tokens(glob["embed"], tokens)  # [B, T, H]
+        for w in layers:
+            x = layer_output(w, x, config)
+        nll = next_token_nll(glob["final_norm"], head, x, tokens, config.rms_norm_eps)  # [B, T-1]
+        total += float(np.asarray(nll, dtype=np.float64).sum())
+        count += nll.size
+    return math.exp(total / count)
 
 
 def held_out_sequences(tokenizer, config: ModelConfig) -> np.ndarray:

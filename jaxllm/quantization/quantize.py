@@ -23,6 +23,7 @@ import numpy as np
 from jaxllm.config import ModelConfig
 from jaxllm.loaders import LoadedModel, load_host_model, resolve_model
 from jaxllm.loaders.resolve import ModelSource
+from jaxllm.model.params import checkpoint_layer_shapes
 from jaxllm.quantization import calibration
 from jaxllm.quantization.awq_layer import METHODS, quantize_layer
 from jaxllm.quantization.checkpoint import LINEAR_NAMES, global_tensors, layer_tensors, write_tensors
@@ -72,7 +73,7 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
     text (None: the built-in one)."""
     from tqdm.auto import tqdm
 
-    from jaxllm.quantization.activation_stats import layer_tap_stats
+    from jaxllm.quantization.search import layer_tap_stats
     from jaxllm.quantization.dense_forward import embed_tokens, layer_output
 
     start = time.perf_counter()
@@ -145,17 +146,10 @@ def peek_config(source: ModelSource) -> ModelConfig | None:
     return None
 
 
-def linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Each linear's (input size K, output size N)."""
-    h, f = config.hidden_size, config.intermediate_size
-    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    return {"wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h), "w_gate": (h, f), "w_up": (h, f),
-            "w_down": (f, h)}
-
-
 def check_group_size(config: ModelConfig, group_size: int) -> None:
     """Every linear's K must split into whole groups and its N into whole 8-column words."""
-    shapes = linear_shapes(config)
+    layer_shapes = checkpoint_layer_shapes(config)  # [N, K] each
+    shapes = {name: layer_shapes[name][::-1] for name in LINEAR_NAMES}  # (K, N)
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group size must be a positive integer, got {group_size!r}")
     for name, (k, n) in shapes.items():

@@ -8,6 +8,7 @@ token) through the ragged kernel, then a decode-only step with a padded sequence
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -17,13 +18,17 @@ import pytest
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params
 from jaxllm.model import kernels, select_kernels
-from jaxllm.model.attention import cpu_attention, reference_attention
+from jaxllm.model.attention import ATTENTION_BACKENDS, cpu_attention, reference_attention
 from jaxllm.model.kernels import resolve_attention
-from jaxllm.testing import get_attention
 
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=16)
 BLOCK_SIZE = 16
+
+
+def get_attention(name: str) -> Callable:
+    """The attention implementation `name` ("auto" too) stands for on this machine."""
+    return ATTENTION_BACKENDS[resolve_attention(name)]
 
 
 def _steps(rng: np.random.Generator):

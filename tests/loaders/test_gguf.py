@@ -11,8 +11,8 @@ from gguf.quants import dequantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from jaxllm import ModelLoadError, load_model
-from jaxllm.loaders.gguf import permute_rope_rows, unpermute_rope_rows
-from tests.tiny_models import write_gguf
+from jaxllm.loaders.gguf import unpermute_rope_rows
+from tests.tiny_models import permute_rope_rows, write_gguf
 
 GGUF_VARIANTS = ["llama2", "smollm2", "mistral", "qwen2"]  # llama3's rope scaling is a GGUF tensor: refused
 # Max abs weight error allowed, as a fraction of the tensor's max abs value, per storage type.

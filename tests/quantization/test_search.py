@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 
 from jaxllm.config import ModelConfig
-from jaxllm.quantization.activation_stats import output_error
 from jaxllm.quantization.awq_layer import _fold, scale_groups
-from jaxllm.quantization.clip_search import search_clip
 from jaxllm.quantization.dense_forward import layer_output
 from jaxllm.quantization.group_quant import clip_groups, fake_quantize, quantize_groups
-from jaxllm.quantization.scale_search import scaled_error, search_scales
+from jaxllm.quantization.search import output_error, scaled_error, search_clip, search_scales
 
 
 def _random(shape, seed, scale=1.0):
