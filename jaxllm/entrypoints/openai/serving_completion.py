@@ -57,9 +57,10 @@ class CompletionServing(ServingBase):
                 last[index] = completion
 
         await self.collect(merge(streams), consume)
+        per_prompt = {p: prompt_logprobs_field(entries, self.tokenizer) for p, entries in prompt_logprobs.items()}
         choices = [CompletionChoice(index=i, text="".join(texts[i]), logprobs=logprobs.get(i),
                                     finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason,
-                                    prompt_logprobs=prompt_logprobs_field(prompt_logprobs[i // n], self.tokenizer))
+                                    prompt_logprobs=per_prompt[i // n])
                    for i in sorted(texts)]
         prompt_tokens = sum(len(ids) for ids in prompt_ids.values())
         return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage(prompt_tokens, generated))
