@@ -2,8 +2,8 @@
 
 Order, as vLLM v1:
   1. logprobs from the raw logits (log-softmax of the model output), if any row asked for them;
-  2. adjustments (when the batch carries a LogitState), read from each row's slot: logit_bias, min_tokens (-inf
-     on EOS / stop ids), then the repetition, frequency and presence penalties;
+  2. adjustments (when the batch carries a LogitState), read from each row's slot: logit_bias, bad_words and
+     min_tokens (-inf), then the repetition, frequency and presence penalties;
   3. greedy rows take the argmax; the others divide by their temperature, drop tokens by min-p, top-k and
      top-p (in that order), and sample with the Gumbel-max trick in its exponential-race form:
      argmax_i p_i / E_i with E_i ~ Exp(1), i.e. argmax_i log p_i + G_i with G_i = -log E_i Gumbel (as vLLM).
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jaxllm.sampling_batch import IN_PROMPT, STOP_ID, LogitState, SamplingBatch
+from jaxllm.sampling_batch import IN_PROMPT, NO_TOKEN, STOP_ID, LogitState, SamplingBatch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
 NUM_CANDIDATES = 256  # logits per row searched for the top-k / top-p cut before falling back to bisection
@@ -74,14 +74,15 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
 
 
 def apply_adjustments(logits: jax.Array, batch: SamplingBatch, state: LogitState) -> jax.Array:
-    """logit_bias / min_tokens masks, then vLLM's penalties, from each row's slot of `state`. [R, V] -> [R, V].
+    """logit_bias, bad_words and min_tokens masks, then vLLM's penalties, from each row's slot of `state`.
+    [R, V] -> [R, V].
 
     repetition: logits of tokens in prompt or output are divided by the penalty when > 0, else multiplied;
     frequency: minus penalty x count in the output; presence: minus penalty once if in the output.
     """
     counts = state.output_counts[batch.slot]  # [R, V]; the gathers fuse into the arithmetic below
     flags = state.token_flags[batch.slot]
-    x = logits + state.bias[batch.slot]
+    x = ban_bad_words(logits + state.bias[batch.slot], state.bad_words[batch.slot], state.recent_tokens[batch.slot])
     x = jnp.where(batch.masks_stop_ids[:, None] & ((flags & STOP_ID) != 0), -jnp.inf, x)
     seen = (counts > 0) | ((flags & IN_PROMPT) != 0)
     rep = batch.repetition_penalty[:, None]
@@ -90,10 +91,26 @@ def apply_adjustments(logits: jax.Array, batch: SamplingBatch, state: LogitState
     return x - penalty
 
 
+def ban_bad_words(x: jax.Array, words: jax.Array, recent: jax.Array) -> jax.Array:
+    """-inf on each bad word's last token where the row's latest tokens are the rest of the word (vLLM's rule).
+
+    x [R, V]; words [R, K, L] right-aligned token sequences, NO_TOKEN on the left (any token) and in unused
+    ones; recent [R, L-1] the row's last sampled tokens, newest last, NO_TOKEN before its first.
+    """
+    prefix, last = words[:, :, :-1], words[:, :, -1]  # [R, K, L-1], [R, K]
+    matched = jnp.all((prefix == NO_TOKEN) | (prefix == recent[:, None, :]), axis=-1)  # [R, K]
+    banned = jnp.where(matched & (last != NO_TOKEN), last, x.shape[1])  # V: nothing banned
+    return x.at[jnp.arange(x.shape[0])[:, None], banned].set(-jnp.inf, mode="drop")
+
+
 def count_sampled(state: LogitState, batch: SamplingBatch, tokens: jax.Array) -> LogitState:
-    """Each row's sampled token [R] counted into its slot's output counts (the neutral slot stays zero)."""
-    real = (batch.slot != state.neutral_slot).astype(jnp.int32)  # [R]
-    return state.replace(output_counts=state.output_counts.at[batch.slot, tokens].add(real))
+    """Each row's sampled token [R] counted into its slot's output counts and appended to its recent tokens
+    (the neutral slot stays as it is)."""
+    real = batch.slot != state.neutral_slot  # [R]
+    recent = state.recent_tokens[batch.slot]  # [R, L-1]
+    moved_on = jnp.where(real[:, None], jnp.concatenate([recent[:, 1:], tokens[:, None]], axis=1), recent)
+    return state.replace(output_counts=state.output_counts.at[batch.slot, tokens].add(real.astype(jnp.int32)),
+                         recent_tokens=state.recent_tokens.at[batch.slot].set(moved_on))
 
 
 def _random_sample(adjusted: jax.Array, batch: SamplingBatch) -> jax.Array:

@@ -22,6 +22,12 @@ LogitState holds, per slot, what is O(V) per request; M slots plus a last, neutr
     output_counts        [M+1, V]  int32    times each token was sampled (frequency, presence; > 0: seen)
     token_flags          [M+1, V]  int8     IN_PROMPT (repetition penalty) | STOP_ID (EOS and stop ids)
     bias                 [M+1, V]  float32  logit_bias (-inf outside allowed_token_ids)
+    bad_words            [M+1, K, L]  int32 bad_words' token sequences, right-aligned, NO_TOKEN on the left;
+                                            a sequence of NO_TOKEN is unused (K = MAX_BAD_WORDS, L = MAX_BAD_WORD_LEN)
+    recent_tokens        [M+1, L-1]   int32 the last L-1 sampled tokens, newest last; NO_TOKEN before the first
+
+A bad word's last token gets -inf when the tokens sampled just before are the rest of it (vLLM's bad_words), so
+the device, which holds the sampled tokens, decides: `recent_tokens` moves on with each one.
 
 The engine's runner keeps the state on the device: a request that needs it (bias, a penalty, or min_tokens with
 stop ids) is given a slot whose rows are written once (RowSampling.state_rows, one small program), and the sample
@@ -42,10 +48,11 @@ import jax
 import numpy as np
 from flax import struct
 
-from jaxllm.sampling_params import SamplingParams, SamplingType
+from jaxllm.sampling_params import MAX_BAD_WORD_LEN, MAX_BAD_WORDS, SamplingParams, SamplingType
 
 _UINT32_MASK = 0xFFFFFFFF
 IN_PROMPT, STOP_ID = 1, 2  # LogitState.token_flags bits
+NO_TOKEN = -1  # LogitState.bad_words padding (matches any token) and recent_tokens before the first token
 
 
 @struct.dataclass
@@ -53,21 +60,37 @@ class LogitState:
     output_counts: jax.Array
     token_flags: jax.Array
     bias: jax.Array
+    bad_words: jax.Array
+    recent_tokens: jax.Array
 
     @property
     def neutral_slot(self) -> int:
         return self.bias.shape[0] - 1
 
 
+def logit_row_shapes(vocab_size: int) -> LogitState:
+    """One slot's rows: their shapes and dtypes (jax.ShapeDtypeStruct)."""
+    spec = jax.ShapeDtypeStruct
+    return LogitState(spec((vocab_size,), np.int32), spec((vocab_size,), np.int8), spec((vocab_size,), np.float32),
+                      spec((MAX_BAD_WORDS, MAX_BAD_WORD_LEN), np.int32), spec((MAX_BAD_WORD_LEN - 1,), np.int32))
+
+
+def logit_state_shapes(num_slots: int, vocab_size: int) -> LogitState:
+    """num_slots writable slots and the neutral one: shapes and dtypes."""
+    return jax.tree.map(lambda row: jax.ShapeDtypeStruct((num_slots + 1, *row.shape), row.dtype),
+                        logit_row_shapes(vocab_size))
+
+
 def empty_logit_state(num_slots: int, vocab_size: int) -> LogitState:
-    """num_slots writable slots and the neutral one, all zeros (numpy)."""
-    shape = (num_slots + 1, vocab_size)
-    return LogitState(np.zeros(shape, np.int32), np.zeros(shape, np.int8), np.zeros(shape, np.float32))
+    """num_slots writable slots and the neutral one, all neutral (numpy): zeros, no bad words, no tokens."""
+    shapes = logit_state_shapes(num_slots, vocab_size)
+    fills = LogitState(0, 0, 0.0, NO_TOKEN, NO_TOKEN)
+    return jax.tree.map(lambda s, fill: np.full(s.shape, fill, s.dtype), shapes, fills)
 
 
 def logit_state_bytes(num_slots: int, vocab_size: int) -> int:
-    """Bytes of a LogitState of num_slots slots (int32 + int8 + float32 per entry; the neutral slot included)."""
-    return (num_slots + 1) * vocab_size * 9
+    """Bytes of a LogitState of num_slots slots (the neutral slot included)."""
+    return sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(logit_state_shapes(num_slots, vocab_size)))
 
 
 @struct.dataclass
@@ -122,11 +145,15 @@ class RowSampling:
     def needs_state(self) -> bool:
         """Whether the request needs a LogitState slot (at any point of its generation)."""
         p = self.params
-        return p.biases_logits or p.needs_penalties or (p.min_tokens > 0 and len(self.min_tokens_ids) > 0)
+        return self.adjusts_always or (p.min_tokens > 0 and len(self.min_tokens_ids) > 0)
+
+    @property
+    def adjusts_always(self) -> bool:
+        return self.params.biases_logits or self.params.needs_penalties or bool(self.params.bad_words_token_ids)
 
     @property
     def adjusts_now(self) -> bool:
-        return self.params.biases_logits or self.params.needs_penalties or self.masks_stop_ids
+        return self.adjusts_always or self.masks_stop_ids
 
     def state_rows(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> LogitState:
         """The request's rows of LogitState ([V] each, numpy), from its whole history so far."""
@@ -142,7 +169,13 @@ class RowSampling:
             bias[self.params.allowed_token_ids] = 0.0
         if self.params.logit_bias:
             bias[list(self.params.logit_bias)] = list(self.params.logit_bias.values())
-        return LogitState(counts, flags, bias)
+        bad_words = np.full((MAX_BAD_WORDS, MAX_BAD_WORD_LEN), NO_TOKEN, np.int32)
+        for row, word in zip(bad_words, self.params.bad_words_token_ids):
+            row[MAX_BAD_WORD_LEN - len(word):] = word
+        recent = np.full(MAX_BAD_WORD_LEN - 1, NO_TOKEN, np.int32)
+        last = list(output_token_ids)[-(MAX_BAD_WORD_LEN - 1):]
+        recent[len(recent) - len(last):] = last
+        return LogitState(counts, flags, bias, bad_words, recent)
 
 
 def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, neutral_slot: int) -> SamplingBatch:

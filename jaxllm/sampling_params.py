@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 SAMPLING_EPS = 1e-5  # temperatures below this mean greedy sampling
 MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this (they overflow float32 logits)
 MAX_LOGPROBS = 20  # the most top-N logprobs a request may ask for, per token
+MAX_BAD_WORDS = 64  # token sequences of bad_words per request (a word may give two: with and without a space)
+MAX_BAD_WORD_LEN = 16  # tokens per bad word
 
 
 class SamplingType(enum.IntEnum):
@@ -52,6 +54,8 @@ class SamplingParams:
     include_stop_str_in_output: keep the matched stop string at the end of the output text.
     logit_bias: token id -> value added to its logit before sampling.
     allowed_token_ids: None, or the only tokens that may be sampled.
+    bad_words: words that may not be generated: a word's last token is banned wherever the output's latest tokens
+        are the rest of it (each word tokenized as it is and with a leading space; update_from_tokenizer).
     detokenize: produce output text (stop strings need it).
     """
 
@@ -77,6 +81,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     detokenize: bool = True
 
     def __post_init__(self) -> None:
@@ -86,6 +91,7 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
+        self._bad_words_token_ids: list[list[int]] = []  # derived by update_from_tokenizer, not a field
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -124,10 +130,36 @@ class SamplingParams:
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """bad_words as token sequences (after update_from_tokenizer)."""
+        return self._bad_words_token_ids
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Tokenize bad_words as vLLM does: each word without its leading spaces, then with one space before it
+        where that gives a different first token but as many tokens (a word inside a sentence)."""
+        sequences = []
+        for word in self.bad_words or []:
+            if tokenizer is None:
+                raise ValueError("bad_words need a tokenizer; this engine runs without one")
+            plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if not 1 <= len(plain) <= MAX_BAD_WORD_LEN:
+                raise ValueError(f"bad_words: {word!r} is {len(plain)} tokens; at most {MAX_BAD_WORD_LEN} are allowed")
+            sequences.append(plain)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                sequences.append(spaced)
+        if len(sequences) > MAX_BAD_WORDS:
+            raise ValueError(f"bad_words: at most {MAX_BAD_WORDS} token sequences, got {len(sequences)} from "
+                             f"{len(self.bad_words)} words (a word may give two: with and without a leading space)")
+        self._bad_words_token_ids = sequences
+
     def validate_for_vocab(self, vocab_size: int) -> None:
-        """Raise ValueError if logit_bias or stop_token_ids name a token outside [0, vocab_size)."""
+        """Raise ValueError if logit_bias, stop_token_ids, allowed_token_ids or bad_words name a token outside
+        [0, vocab_size)."""
         for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids),
-                          ("allowed_token_ids", self.allowed_token_ids or [])):
+                          ("allowed_token_ids", self.allowed_token_ids or []),
+                          ("bad_words", [i for ids in self._bad_words_token_ids for i in ids])):
             bad = [i for i in ids if not 0 <= i < vocab_size]
             if bad:
                 raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), got {bad}")
@@ -168,6 +200,9 @@ class SamplingParams:
                                  f"{self.allowed_token_ids!r}")
             for token in self.allowed_token_ids:
                 _require_int("allowed_token_ids", token, low=0)
+        if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or not all(
+                isinstance(w, str) and w.strip() for w in self.bad_words)):
+            raise ValueError(f"bad_words must be a list of non-blank strings, got {self.bad_words!r}")
 
     def _validate_logit_bias(self) -> None:
         if self.logit_bias is None:

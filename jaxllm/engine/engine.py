@@ -15,6 +15,7 @@ requests are applied between steps.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import time
@@ -101,6 +102,9 @@ class LLMEngine:
         if request_id in self.processor.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self._tokenize(prompt)
+        if params.bad_words:
+            params = copy.copy(params)  # the caller's params may serve engines with other tokenizers
+            params.update_from_tokenizer(self.tokenizer)
         params.validate_for_vocab(self.model_config.vocab_size)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         num_sequences = params.num_sequences  # best_of when it exceeds n: the n best are returned
@@ -255,7 +259,9 @@ class LLMEngine:
         if params.num_sequences == 1:
             return params
         seed = None if params.seed is None else params.seed + index
-        return dataclasses.replace(params, n=1, best_of=None, seed=seed)
+        child = copy.copy(params)  # keeps what the engine derived (bad_words' token ids)
+        child.n, child.best_of, child.seed = 1, None, seed
+        return child
 
     def _eos_token_ids(self) -> tuple[int, ...]:
         """The tokenizer's EOS id first (the primary one), then every EOS id the model's config lists."""

@@ -41,7 +41,8 @@ from jaxllm.model.kernels import Kernels
 from jaxllm.model.tensor_parallel import default_mesh
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import count_sampled, sample, token_logprobs
-from jaxllm.sampling_batch import LogitState, SamplingBatch, pack_sampling_batch
+from jaxllm.sampling_batch import LogitState, SamplingBatch, logit_row_shapes, logit_state_shapes, \
+    pack_sampling_batch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ class StepPrograms:
     def _example_args(self, key: ProgramKey, params, kv) -> tuple:
         vocab = self.config.vocab_size
         if key == WRITE_LOGIT_ROWS_KEY:
-            return self.abstract_logit_state(), _abstract((), jnp.int32), _abstract_logit_state((vocab,))
+            return self.abstract_logit_state(), _abstract((), jnp.int32), logit_row_shapes(vocab)
         hidden = _abstract((self.buckets.num_logits_rows, self.config.hidden_size), params_dtype(params))
         if key.kind == "forward":
             num_tokens = key.size
@@ -181,7 +182,7 @@ class StepPrograms:
 
     def abstract_logit_state(self) -> LogitState:
         """The runner's LogitState: max_num_seqs slots and the neutral one (sampling_batch.py)."""
-        return _abstract_logit_state((self.buckets.max_num_seqs + 1, self.config.vocab_size))
+        return logit_state_shapes(self.buckets.max_num_seqs, self.config.vocab_size)
 
     def abstract_step_batch(self, num_tokens: int, decode_only: bool) -> StepBatch:
         rows = self.buckets.num_seq_rows(num_tokens)
@@ -196,10 +197,6 @@ def abstract_sampling_batch(num_rows: int) -> SamplingBatch:
     """The sampler program's per-row input (its LogitState is an argument of its own): the shapes and dtypes
     pack_sampling_batch makes, so the two cannot drift apart."""
     return jax.tree.map(lambda a: _abstract(a.shape, a.dtype), pack_sampling_batch([], num_rows, neutral_slot=0))
-
-
-def _abstract_logit_state(shape) -> LogitState:
-    return LogitState(_abstract(shape, jnp.int32), _abstract(shape, jnp.int8), _abstract(shape, jnp.float32))
 
 
 def _abstract(shape, dtype) -> jax.ShapeDtypeStruct:

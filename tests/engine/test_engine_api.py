@@ -147,3 +147,57 @@ def test_allowed_token_ids_are_the_only_tokens_sampled(tiny_model_dir, extra):
         engine.add_request("bad", [5], SamplingParams(allowed_token_ids=[256]))
     with pytest.raises(ValueError, match="allowed_token_ids must be a non-empty list"):
         SamplingParams(allowed_token_ids=[])
+
+
+def _finals(engine) -> dict:
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished}
+    return finals
+
+
+def _word_at(tokenizer, tokens: list[int], length: int) -> tuple[str, int]:
+    """A word that tokenizes to tokens[k:k + length] (as it is or with a leading space), at its first k."""
+    for k in range(len(tokens) - length + 1):
+        piece = tokens[k:k + length]
+        if any(tokens[j:j + length] == piece for j in range(k)):
+            continue
+        params = SamplingParams(bad_words=[tokenizer.decode(piece)])
+        params.update_from_tokenizer(tokenizer)
+        if piece in params.bad_words_token_ids:
+            return tokenizer.decode(piece), k
+    raise AssertionError(f"no {length}-token word in {tokens}")
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_bad_words_are_banned_exactly_where_they_would_complete(tiny_model_with_tokenizer, async_scheduling):
+    """Greedy rows: a one-token word changes the output first where that token was; a two-token word only after
+    its first token was generated; a row beside them without bad words is unchanged."""
+    engine = LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), max_model_len=128, max_num_seqs=4,
+                                  async_scheduling=async_scheduling))
+    greedy = dict(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompt = "The quick brown fox"
+    engine.add_request("free", prompt, SamplingParams(**greedy))
+    free = _finals(engine)["free"]
+    one, at_one = _word_at(engine.tokenizer, free, 1)
+    two, at_two = _word_at(engine.tokenizer, free, 2)
+    engine.add_request("one", prompt, SamplingParams(bad_words=[one], **greedy))
+    engine.add_request("two", prompt, SamplingParams(bad_words=[two], **greedy))
+    engine.add_request("beside", prompt, SamplingParams(**greedy))
+    got = _finals(engine)
+    assert got["beside"] == free
+    assert got["one"][:at_one] == free[:at_one] and free[at_one] not in got["one"]
+    assert got["two"][:at_two + 1] == free[:at_two + 1] and got["two"][at_two + 1] != free[at_two + 1]
+    pairs = set(zip(got["two"], got["two"][1:]))
+    assert tuple(free[at_two:at_two + 2]) not in pairs
+
+
+def test_bad_words_that_cannot_be_held_are_refused(tiny_model_with_tokenizer):
+    engine = LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), max_model_len=128, max_num_seqs=4))
+    with pytest.raises(ValueError, match="bad_words: 'a b c d e f g h i j k l m n o p q' is 17 tokens"):
+        engine.add_request("long", "Hi", SamplingParams(bad_words=["a b c d e f g h i j k l m n o p q"]))
+    with pytest.raises(ValueError, match="bad_words: at most 64 token sequences"):
+        engine.add_request("many", "Hi", SamplingParams(bad_words=[f"word{i}" for i in range(65)]))
+    with pytest.raises(ValueError, match="bad_words must be a list of non-blank strings"):
+        SamplingParams(bad_words=["ok", " "])
+    assert not engine.has_unfinished_requests()

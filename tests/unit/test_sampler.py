@@ -12,7 +12,7 @@ from jaxllm.sampler import (BISECT_ROWS, NUM_CANDIDATES, apply_adjustments, appl
                             count_sampled, sample)
 from jaxllm.sampling_batch import (IN_PROMPT, RowSampling, SamplingRow, build_sampling_batch, empty_logit_state,
                                    pack_sampling_batch)
-from jaxllm.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxllm.sampling_params import MAX_BAD_WORD_LEN, MAX_LOGPROBS, SamplingParams
 
 SAMPLE = jax.jit(sample)
 
@@ -154,6 +154,58 @@ def test_penalties_bias_and_min_tokens_match_reference():
                                    rtol=1e-6, atol=1e-6, err_msg=f"case {i}")
 
 
+def reference_ban(logits, output, bad_words_token_ids):
+    """vLLM's bad_words: a word's last token is -inf when the output ends with the rest of the word."""
+    x = np.array(logits, np.float64)
+    for word in bad_words_token_ids:
+        prefix = list(word[:-1])
+        if len(prefix) <= len(output) and list(output[len(output) - len(prefix):]) == prefix:
+            x[word[-1]] = -np.inf
+    return x
+
+
+class DigitsTokenizer:
+    """Stands for a tokenizer in bad_words tests: the text "5 9 8" is the tokens [5, 9, 8]."""
+
+    @staticmethod
+    def encode(text, add_special_tokens=True):
+        return [int(t) for t in text.split()]
+
+
+def with_bad_words(params, words):
+    """params with bad_words given as token sequences (DigitsTokenizer's texts)."""
+    params.bad_words = [" ".join(map(str, word)) for word in words]
+    params.update_from_tokenizer(DigitsTokenizer())
+    assert params.bad_words_token_ids == words
+    return params
+
+
+def test_bad_words_match_reference():
+    """Single-token words always, longer ones only right after their prefix; a word longer than the output
+    so far, or whose prefix only appears earlier, bans nothing; the longest word the state holds works."""
+    rng = np.random.RandomState(4)
+    vocab = 64
+    longest = list(range(40, 40 + MAX_BAD_WORD_LEN))
+    cases = [  # (output, bad words)
+        ([], [[7], [8, 9]]),
+        ([5, 8], [[7], [8, 9], [5, 8, 10], [6, 8, 11]]),
+        ([8, 1], [[8, 9], [2, 8, 12]]),
+        (longest[:-1], [longest, longest[1:]]),
+        ([1, 2, 3] + longest[:-1], [longest, [3, 40, 13]]),
+        ([3], [[1, 2, 3, 4]]),
+    ]
+    logits = rng.randn(len(cases), vocab).astype(np.float32)
+    rows = [SamplingRow(with_bad_words(SamplingParams(temperature=0.0), words), [1], output)
+            for output, words in cases]
+    batch = build_sampling_batch(rows, len(cases), vocab)
+    got = np.asarray(jax.jit(apply_adjustments)(jnp.asarray(logits), batch, batch.state))
+    for i, (output, words) in enumerate(cases):
+        want = reference_ban(logits[i], output, words)
+        np.testing.assert_array_equal(np.isinf(got[i]), np.isinf(want), err_msg=f"case {i}")
+        np.testing.assert_allclose(got[i][np.isfinite(want)], want[np.isfinite(want)], rtol=1e-6)
+    assert np.isinf(got).sum() == 1 + 3 + 0 + 1 + 1 + 0
+
+
 def test_logit_bias_and_min_tokens_steer_greedy():
     logits = np.zeros((3, 10), np.float32)
     logits[:, 0], logits[:, 4], logits[:, 7] = 5.0, 4.0, 3.0  # 0 = EOS, 4 = a stop token
@@ -170,7 +222,8 @@ def test_counts_on_the_device_equal_rows_built_from_the_whole_history():
     vocab = 40
     params = SamplingParams(temperature=0.7, frequency_penalty=0.4, presence_penalty=-0.3, repetition_penalty=1.2,
                             logit_bias={3: 2.0}, min_tokens=5, stop_token_ids=[7], seed=11)
-    prompt, output = [1, 2, 2, 30], [5, 5, 9, 5, 12, 39]
+    prompt, output = [1, 2, 2, 30], [5, 5, 9, 5, 12, 39] + list(range(10, 10 + MAX_BAD_WORD_LEN))
+    with_bad_words(params, [[5, 9, 8], [4]])
     incremental = RowSampling(params, 0, vocab, eos_token_ids=[0])
     incremental.slot = 0
     state = empty_logit_state(2, vocab)
@@ -178,7 +231,8 @@ def test_counts_on_the_device_equal_rows_built_from_the_whole_history():
         table[0] = values
     count = jax.jit(count_sampled)
     for step in range(len(output) + 1):
-        built = build_sampling_batch([SamplingRow(params, prompt, output[:step])], 2, vocab, eos_token_ids=[0])
+        built = build_sampling_batch([SamplingRow(params, prompt, output[:step])],
+                                     2, vocab, eos_token_ids=[0])
         packed = pack_sampling_batch([incremental], 2, neutral_slot=2).replace(state=state)
         for got, want in zip(jax.tree.leaves(packed), jax.tree.leaves(built)):
             np.testing.assert_array_equal(got, want)

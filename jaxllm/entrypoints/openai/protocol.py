@@ -93,6 +93,7 @@ class SamplingRequest(RequestModel):
     prompt_logprobs: int | None = None  # top logprobs per prompt token (not with stream)
     truncate_prompt_tokens: int | None = None  # keep this many prompt tokens (-1: max_model_len)
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     truncation_side: Literal["left", "right"] = "left"  # left: the prompt's last tokens are kept
     top_k: int | None = None
     min_p: float | None = None
@@ -117,7 +118,7 @@ class SamplingRequest(RequestModel):
             logprobs=logprobs, prompt_logprobs=self.requested_prompt_logprobs(),
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
-            allowed_token_ids=self.allowed_token_ids,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
