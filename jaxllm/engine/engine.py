@@ -101,6 +101,11 @@ class LLMEngine:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         if request_id in self.processor.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        if priority != 0 and self.scheduler_config.policy != "priority":
+            raise ValueError(f"priority {priority} needs priority scheduling (scheduling_policy='priority'; the "
+                             f"server's --scheduling-policy priority)")
         text, token_ids = self._tokenize(prompt)
         if params.bad_words:
             params = copy.copy(params)  # the caller's params may serve engines with other tokenizers

@@ -38,12 +38,13 @@ from jaxllm.entrypoints.openai.request_id import RequestIdHeader
 from jaxllm.entrypoints.openai.metrics import ServerMetrics
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
     LoadLoRAAdapterRequest, ModelList, TokenizeRequest, UnloadLoRAAdapterRequest
-from jaxllm.entrypoints.openai.serving_base import RequestLimits
+from jaxllm.entrypoints.openai.serving_base import RequestLimits, ResponseOptions
+from jaxllm.entrypoints.openai.server_load import CountGenerationRequests, ServerLoad
 from jaxllm.entrypoints.openai.serving_chat import ChatServing
 from jaxllm.entrypoints.openai.serving_completion import CompletionServing
 from jaxllm.entrypoints.openai.serving_models import RUNTIME_UPDATING_ENV, LoRAModule, ServedModels, \
     check_lora_modules, parse_lora_module, runtime_updating_allowed
-from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
+from jaxllm.entrypoints.openai.tokenization import ServerTokenizer, tokenizer_info
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--allow-runtime-lora-updating", action="store_true", default=False,
                         help="add POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also "
                              f"{RUNTIME_UPDATING_ENV}=1); without it those routes do not exist")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true", default=False,
+                        help="logprob tokens as 'token_id:<id>' unless a request's return_tokens_as_token_ids "
+                             "says otherwise")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true", default=False,
+                        help="usage carries prompt_tokens_details.cached_tokens (prompt tokens the prefix cache "
+                             "served)")
+    parser.add_argument("--enable-server-load-tracking", action="store_true", default=False,
+                        help="add GET /load: {\"server_load\": completion and chat requests in flight}")
+    parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true", default=False,
+                        help="add GET /tokenizer_info: the tokenizer's configuration, chat template included")
     add_engine_args(parser)  # every EngineArgs field; --model is the same as MODEL
     parser.set_defaults(warmup=True)  # serve's own default: build every program before accepting requests
     return parser
@@ -108,9 +119,12 @@ def check_lora_args(args: argparse.Namespace) -> None:
 def build_app(engine, served_model_names: list[str], *, api_key: str | None = None,
               max_queue_len: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               limits: RequestLimits = RequestLimits(), stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
-              lora_modules: Sequence[LoRAModule] = (), allow_runtime_lora_updating: bool = False) -> FastAPI:
+              lora_modules: Sequence[LoRAModule] = (), allow_runtime_lora_updating: bool = False,
+              options: ResponseOptions = ResponseOptions(), server_load_tracking: bool = False,
+              tokenizer_info_endpoint: bool = False) -> FastAPI:
     """The app over `engine`. lora_modules are registered now (engine.add_lora: ValueError naming the module and
-    the problem); allow_runtime_lora_updating adds the load/unload routes."""
+    the problem); allow_runtime_lora_updating adds the load/unload routes, server_load_tracking GET /load and
+    tokenizer_info_endpoint GET /tokenizer_info."""
     metrics = ServerMetrics(served_model_names[0])
     async_engine = AsyncEngine(engine, metrics, max_queue_len, stall_timeout_s)
     models = ServedModels(async_engine, served_model_names)
@@ -126,8 +140,8 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
 
     app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan)
     app.state.async_engine, app.state.metrics, app.state.models = async_engine, metrics, models
-    app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits, models)
-    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models)
+    app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits, models, options)
+    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models, options)
     _add_error_handlers(app)
     app.add_middleware(UnexpectedErrorsAsOpenAIErrors)
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -136,6 +150,10 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     if allow_runtime_lora_updating:
         logger.warning("runtime LoRA updating is on: any client may load adapters from this host's files")
         _add_lora_routes(app)
+    if server_load_tracking:
+        _add_load_route(app)
+    if tokenizer_info_endpoint:
+        _add_tokenizer_info_route(app)
     return app
 
 
@@ -242,6 +260,26 @@ def _add_lora_routes(app: FastAPI) -> None:
         return Response(await models.unload(request.lora_name), media_type="text/plain")
 
 
+def _add_load_route(app: FastAPI) -> None:
+    """GET /load (vLLM's): {"server_load": completion and chat requests in flight}."""
+    server_load = ServerLoad()
+    app.add_middleware(CountGenerationRequests, load=server_load)
+
+    @app.get("/load")
+    async def load():
+        return {"server_load": server_load.count}
+
+
+def _add_tokenizer_info_route(app: FastAPI) -> None:
+    serving: ChatServing = app.state.chat
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info():
+        if not serving.tokenizers.available:
+            raise OpenAIError(404, "this server runs without a tokenizer")
+        return await serving.tokenizers.run(tokenizer_info)
+
+
 class ClientDisconnected(Exception):
     pass
 
@@ -331,7 +369,10 @@ def run_server(args: argparse.Namespace) -> int:
     app = build_app(engine, served_names(args), api_key=args.api_key, max_queue_len=args.max_queue_len,
                     max_body_bytes=args.max_body_bytes, limits=RequestLimits(args.max_n, args.max_request_sequences),
                     stall_timeout_s=args.engine_stall_timeout, lora_modules=args.lora_modules or [],
-                    allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating))
+                    allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating),
+                    options=ResponseOptions(args.return_tokens_as_token_ids, args.enable_prompt_tokens_details),
+                    server_load_tracking=args.enable_server_load_tracking,
+                    tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:

@@ -161,9 +161,9 @@ class AsyncEngine:
                                  f"({self.max_num_seqs} batch slots + a queue of {self.max_queue_len})")
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams,
-                          lora_request: LoRARequest | None = None) -> "RequestStream":
-        """Submit a request (run with `lora_request`'s adapter, or the base model for None) and wait until the
-        engine thread accepted it (between two steps). Raises ValueError for an invalid request, QueueFullError,
+                          lora_request: LoRARequest | None = None, priority: int = 0) -> "RequestStream":
+        """Submit a request (run with `lora_request`'s adapter, or the base model for None; `priority` for the
+        scheduler's priority policy) and wait until the engine thread accepted it (between two steps). Raises ValueError for an invalid request, QueueFullError,
         EngineDeadError, or RequestFailedError."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
@@ -171,7 +171,7 @@ class AsyncEngine:
         self.check_capacity(num_seqs)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), RequestTracker(time.monotonic()))
         handle = RequestStream(self, request_id, num_seqs, stream.queue)
-        self._inbox.put(("add", request_id, prompt, params, lora_request, stream))
+        self._inbox.put(("add", request_id, prompt, params, lora_request, priority, stream))
         self._num_in_flight += num_seqs
         try:
             first = await stream.queue.get()
@@ -260,8 +260,10 @@ class AsyncEngine:
         if command[0] == "call":
             self._call(*command[1:])
             return
-        _, request_id, prompt, params, lora_request, stream = command
+        _, request_id, prompt, params, lora_request, priority, stream = command
         options = {} if lora_request is None else {"lora_request": lora_request}  # the base model: as before
+        if priority:
+            options["priority"] = priority
         try:
             if self._faults is not None:
                 self._faults.before_add(prompt)

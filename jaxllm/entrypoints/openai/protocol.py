@@ -94,6 +94,9 @@ class SamplingRequest(RequestModel):
     truncate_prompt_tokens: int | None = None  # keep this many prompt tokens (-1: max_model_len)
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    priority: int = 0  # lower runs first (the server's --scheduling-policy priority)
+    return_token_ids: bool | None = None  # choices carry prompt_token_ids and token_ids
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:<id>" (None: the server's flag)
     truncation_side: Literal["left", "right"] = "left"  # left: the prompt's last tokens are kept
     top_k: int | None = None
     min_p: float | None = None
@@ -268,15 +271,28 @@ class UnloadLoRAAdapterRequest(RequestModel):
 
 
 # ---------------------------------------------------------------------------------------------- responses
+def omitted_when_none():
+    """A response field that is left out, not sent as null, when it has no value (vLLM's token-id fields: a
+    stream's later chunks carry no prompt_token_ids key)."""
+    return Field(None, exclude_if=lambda value: value is None)
+
+
+class PromptTokensDetails(OpenAIBaseModel):
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = omitted_when_none()  # --enable-prompt-tokens-details
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> UsageInfo:
+    """cached_tokens: with --enable-prompt-tokens-details, the prompt tokens the prefix cache served."""
+    details = None if cached_tokens is None else PromptTokensDetails(cached_tokens=cached_tokens)
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+                     total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
 class CompletionLogprobs(OpenAIBaseModel):
@@ -302,6 +318,8 @@ class CompletionChoice(OpenAIBaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobsField = None
+    prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids (a stream: its first chunk)
+    token_ids: list[int] | None = omitted_when_none()  # return_token_ids: the generated ids (a stream: new ones)
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -338,6 +356,7 @@ class ChatChoice(OpenAIBaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = omitted_when_none()  # return_token_ids
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -348,6 +367,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_logprobs: PromptLogprobsField = None
+    prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -361,6 +381,7 @@ class ChatStreamChoice(OpenAIBaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = omitted_when_none()  # return_token_ids: this chunk's new ids
 
 
 class ChatCompletionChunk(OpenAIBaseModel):
@@ -370,6 +391,7 @@ class ChatCompletionChunk(OpenAIBaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids: on the first chunk only
 
 
 class ModelCard(OpenAIBaseModel):

@@ -23,8 +23,7 @@ ANY = object()  # every value is accepted: the field changes nothing here
 # field -> the values that leave it unused (clients that send every default)
 _NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
     "use_beam_search": (False,), "length_penalty": (1.0,),
-    "priority": (0,), "logits_processors": (None,), "return_tokens_as_token_ids": (None, False),
-    "return_token_ids": (None, False), "cache_salt": (None,), "kv_transfer_params": (None,),
+    "logits_processors": (None,), "cache_salt": (None,), "kv_transfer_params": (None,),
     "vllm_xargs": (None,), "mm_processor_kwargs": (None,),
     "response_format": (None, {"type": "text"}), "structured_outputs": (None,), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "structural_tag": (None,),

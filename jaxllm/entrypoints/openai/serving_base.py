@@ -35,13 +35,23 @@ class RequestLimits:
     max_request_sequences: int = 1024  # prompts x best_of of one completion request
 
 
+@dataclasses.dataclass(frozen=True)
+class ResponseOptions:
+    """What responses carry by the server's flags (vLLM's flags of the same names)."""
+
+    return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>" unless a request says otherwise
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+
+
 class ServingBase:
     request_kind = "completion"  # which of vLLM's request models the body follows (request_fields.py)
 
     def __init__(self, engine: AsyncEngine, served_model_names: Sequence[str], tokenizers: ServerTokenizer,
-                 limits: RequestLimits = RequestLimits(), models: ServedModels | None = None):
+                 limits: RequestLimits = RequestLimits(), models: ServedModels | None = None,
+                 options: ResponseOptions = ResponseOptions()):
         """models: the server's base models and LoRA adapters (None: the served names, no adapters)."""
         self.engine = engine
+        self.options = options
         self.tokenizers = tokenizers
         self.models = models if models is not None else ServedModels(engine, served_model_names)
         self.model_names = self.models.base_names
@@ -52,6 +62,15 @@ class ServingBase:
     def tokenizer(self):
         """The event loop's own tokenizer (see tokenization.py): only for work done on the event loop."""
         return self.tokenizers.get()
+
+    def tokens_as_ids(self, request: SamplingRequest) -> bool:
+        """Whether the request's logprob tokens are written "token_id:<id>" (its field, else the server's flag)."""
+        asked = request.return_tokens_as_token_ids
+        return self.options.return_tokens_as_token_ids if asked is None else asked
+
+    def cached_tokens(self, count: int) -> int | None:
+        """usage's cached-token count, when the server reports it (--enable-prompt-tokens-details)."""
+        return count if self.options.enable_prompt_tokens_details else None
 
     def check_model(self, model: str | None) -> LoRARequest | None:
         """The LoRA adapter the request's `model` names, None for a base model; a 404 for a name not served."""
@@ -93,9 +112,9 @@ class ServingBase:
         return {"prompt": text, "prompt_token_ids": token_ids}
 
     async def submit(self, request_id: str, prompts: list[dict], params: SamplingParams,
-                     lora_request: LoRARequest | None = None) -> list[RequestStream]:
-        """Submit every prompt (with `lora_request`'s adapter, if any); on any failure abort those already
-        accepted and raise an OpenAIError."""
+                     lora_request: LoRARequest | None = None, priority: int = 0) -> list[RequestStream]:
+        """Submit every prompt (with `lora_request`'s adapter, if any, and the scheduler's `priority`); on any
+        failure abort those already accepted and raise an OpenAIError."""
         sequences = len(prompts) * params.num_sequences
         if sequences > self.limits.max_request_sequences:
             raise bad_request(f"prompt: {len(prompts)} prompts x {params.num_sequences} samples is {sequences} "
@@ -108,7 +127,8 @@ class ServingBase:
         streams = []
         try:
             for i, prompt in enumerate(prompts):
-                streams.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params, lora_request))
+                streams.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params, lora_request,
+                                                             priority))
         except BaseException as e:
             for stream in streams:
                 stream.close()
@@ -146,7 +166,7 @@ def _field_named_in(message: str) -> str | None:
     return head if head in _FIELDS else None
 
 
-_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt", "top_logprobs", "messages"}
+_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt", "top_logprobs", "messages", "priority"}
 
 
 def sse(payload: BaseModel | str) -> str:
@@ -206,8 +226,11 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
             stream.close()
 
 
-def token_text(logprob: Logprob, tokenizer, token_id: int) -> str:
-    if logprob.decoded_token is not None:
+def token_text(logprob: Logprob | None, tokenizer, token_id: int, as_id: bool = False) -> str:
+    """A logprob entry's token as responses write it: its text, or "token_id:<id>" (as_id, or no tokenizer)."""
+    if as_id:
+        return f"token_id:{token_id}"
+    if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token
     return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
 

@@ -10,7 +10,7 @@ from jinja2 import TemplateError
 from jaxllm.entrypoints.openai.errors import bad_request
 from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, ChatCompletionRequest, \
     ChatCompletionResponse, ChatLogprobs, ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage, \
-    TopLogprob, random_id, usage
+    TopLogprob, UsageInfo, random_id, usage
 from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, prompt_logprobs_field, \
     sampled_and_top, sse, stream_failure, token_text
 from jaxllm.outputs import CompletionOutput
@@ -33,10 +33,11 @@ class ChatServing(ServingBase):
                                                                           **request.template_options())},
                                    self.max_model_len)
         prompt_ids = prompt["prompt_token_ids"]
-        streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params, lora_request)
+        streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params, lora_request,
+                                    request.priority)
         request_id, model = request.response_id("chatcmpl"), self.response_model(lora_request)
         if request.stream:
-            return self._stream(request_id, request, streams, model, len(prompt_ids))
+            return self._stream(request_id, request, streams, model, prompt_ids)
         return await self._full(request_id, request, streams, model)
 
     async def render(self, messages, **template_options) -> list[int]:
@@ -57,70 +58,86 @@ class ChatServing(ServingBase):
     async def _full(self, request_id: str, request: ChatCompletionRequest, streams,
                     model: str) -> ChatCompletionResponse:
         texts: dict[int, list[str]] = {}
+        token_ids: dict[int, list[int]] = {}
         last: dict[int, CompletionOutput] = {}
         logprobs: dict[int, list[ChatLogprobToken]] = {}
-        prompt_tokens = generated = 0
-        prompt_logprobs = None
+        generated = 0
+        prompt = None
 
         def consume(_, output) -> None:
-            nonlocal prompt_tokens, generated, prompt_logprobs
-            prompt_tokens, prompt_logprobs = len(output.prompt_token_ids), output.prompt_logprobs
+            nonlocal generated, prompt
+            prompt = output
             for completion in output.outputs:
                 texts.setdefault(completion.index, []).append(completion.text)
+                token_ids.setdefault(completion.index, []).extend(completion.token_ids)
                 generated += len(completion.token_ids)
                 logprobs.setdefault(completion.index, []).extend(self._logprobs(completion, request))
                 last[completion.index] = completion
 
         await self.collect(merge(streams), consume)
-        echo = request.echoed_text()
+        echo, ids = request.echoed_text(), request.return_token_ids
         choices = [ChatChoice(index=i, message=ChatResponseMessage(content=echo + "".join(texts[i])),
                               logprobs=ChatLogprobs(content=logprobs[i]) if request.logprobs else None,
-                              finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason)
+                              finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason,
+                              token_ids=token_ids[i] if ids else None)
                    for i in sorted(texts)]
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices,
-                                      usage=usage(prompt_tokens, generated),
-                                      prompt_logprobs=prompt_logprobs_field(prompt_logprobs, self.tokenizer))
+        return ChatCompletionResponse(
+            id=request_id, model=model, choices=choices,
+            usage=usage(len(prompt.prompt_token_ids), generated, self.cached_tokens(prompt.num_cached_tokens)),
+            prompt_logprobs=prompt_logprobs_field(prompt.prompt_logprobs, self.tokenizer),
+            prompt_token_ids=prompt.prompt_token_ids if ids else None)
 
     async def _stream(self, request_id: str, request: ChatCompletionRequest, streams, model: str,
-                      prompt_tokens: int) -> AsyncIterator[str]:
-        def chunk(choices, usage_info=None) -> str:
-            return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage_info))
+                      prompt_ids: list[int]) -> AsyncIterator[str]:
+        ids = request.return_token_ids
+        generated, cached = 0, 0
 
-        yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                     for i in range(request.n)], usage(prompt_tokens, 0) if request.continuous_usage else None)
+        def chunk(choices, usage_info=None, **fields) -> str:
+            return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage_info, **fields))
+
+        def usage_so_far() -> UsageInfo:
+            return usage(len(prompt_ids), generated, self.cached_tokens(cached))
+
+        def no_tokens() -> list[int] | None:
+            return [] if ids else None
+
+        yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""),
+                                      token_ids=no_tokens()) for i in range(request.n)],
+                    usage_so_far() if request.continuous_usage else None, prompt_token_ids=prompt_ids if ids else None)
         if echo := request.echoed_text():
-            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo)) for i in range(request.n)],
-                        usage(prompt_tokens, 0) if request.continuous_usage else None)
-        generated = 0
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo), token_ids=no_tokens())
+                         for i in range(request.n)], usage_so_far() if request.continuous_usage else None)
         try:
             async for _, output in merge(streams):
+                cached = output.num_cached_tokens
                 for completion in output.outputs:
                     generated += len(completion.token_ids)
                     logprobs = ChatLogprobs(content=self._logprobs(completion, request)) if request.logprobs \
                         else None
                     yield chunk([ChatStreamChoice(index=completion.index, delta=DeltaMessage(content=completion.text),
                                                   logprobs=logprobs, finish_reason=completion.finish_reason,
-                                                  stop_reason=completion.stop_reason)],
-                                usage(prompt_tokens, generated) if request.continuous_usage else None)
+                                                  stop_reason=completion.stop_reason,
+                                                  token_ids=completion.token_ids if ids else None)],
+                                usage_so_far() if request.continuous_usage else None)
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
             yield stream_failure(e)
         if request.include_usage:
-            yield chunk([], usage(prompt_tokens, generated))
+            yield chunk([], usage_so_far())
         yield SSE_DONE
 
     def _logprobs(self, completion: CompletionOutput, request: ChatCompletionRequest) -> list[ChatLogprobToken]:
         if not request.logprobs:
             return []
-        top_n = request.top_logprobs or 0
+        top_n, as_id = request.top_logprobs or 0, self.tokens_as_ids(request)
         tokens = []
         for token_id, entry in zip(completion.token_ids, completion.logprobs or []):
             sampled, top = sampled_and_top(entry, token_id, top_n)
-            text = token_text(sampled, self.tokenizer, token_id)
+            text = token_text(sampled, self.tokenizer, token_id, as_id)
             tokens.append(ChatLogprobToken(token=text, logprob=sampled.logprob, bytes=list(text.encode()),
-                                           top_logprobs=[_top(lp, tid, self.tokenizer) for tid, lp in top]))
+                                           top_logprobs=[_top(lp, tid, self.tokenizer, as_id) for tid, lp in top]))
         return tokens
 
 
-def _top(logprob, token_id: int, tokenizer) -> TopLogprob:
-    text = token_text(logprob, tokenizer, token_id)
+def _top(logprob, token_id: int, tokenizer, as_id: bool) -> TopLogprob:
+    text = token_text(logprob, tokenizer, token_id, as_id)
     return TopLogprob(token=text, logprob=logprob.logprob, bytes=list(text.encode()))

@@ -51,3 +51,33 @@ class ServerTokenizer:
 
     def shutdown(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
+
+
+def tokenizer_info(tokenizer) -> dict[str, Any]:
+    """GET /tokenizer_info (vLLM's): the tokenizer's configuration as JSON: its constructor arguments (special
+    tokens as text), its class, chat template and added tokens ({id: {content, special, ...}})."""
+    info = {key: _as_json(value) for key, value in tokenizer.init_kwargs.items()}
+    info = {key: value for key, value in info.items() if value is not _UNWRITABLE}
+    info["tokenizer_class"] = type(tokenizer).__name__
+    if isinstance(getattr(tokenizer, "chat_template", None), str):
+        info["chat_template"] = tokenizer.chat_template
+    info["added_tokens_decoder"] = {str(token_id): dict(token.__getstate__())
+                                    for token_id, token in tokenizer.added_tokens_decoder.items()}
+    return info
+
+
+_UNWRITABLE = object()  # a value with no JSON form (the Rust tokenizer object): left out
+
+
+def _as_json(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_as_json(v) for v in value]
+        return [v for v in items if v is not _UNWRITABLE]
+    if isinstance(value, dict):
+        items = {str(k): _as_json(v) for k, v in value.items()}
+        return {k: v for k, v in items.items() if v is not _UNWRITABLE}
+    content = getattr(value, "content", None)  # an AddedToken: its text
+    return content if isinstance(content, str) else _UNWRITABLE
+
