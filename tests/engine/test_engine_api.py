@@ -201,3 +201,13 @@ def test_bad_words_that_cannot_be_held_are_refused(tiny_model_with_tokenizer):
     with pytest.raises(ValueError, match="bad_words must be a list of non-blank strings"):
         SamplingParams(bad_words=["ok", " "])
     assert not engine.has_unfinished_requests()
+
+
+def test_priority_needs_the_priority_policy(tiny_model_dir):
+    fcfs = make_engine(tiny_model_dir("llama2")[0])
+    with pytest.raises(ValueError, match="priority 2 needs priority scheduling"):
+        fcfs.add_request("p", [1, 2], PARAMS, priority=2)
+    with pytest.raises(ValueError, match="priority must be an int, got 1.5"):
+        fcfs.add_request("p", [1, 2], PARAMS, priority=1.5)
+    fcfs.add_request("p", [1, 2], PARAMS, priority=0)
+    make_engine(tiny_model_dir("llama2")[0], scheduling_policy="priority").add_request("p", [1, 2], PARAMS, priority=2)
