@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
+from jaxllm.chat_renderer import ChatRenderer
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine, PromptType
 from jaxllm.lora.request import LoRARequest
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
-from jaxllm.tokenizer import chat_prompt_ids
 
 
 class LLM:
@@ -26,6 +26,7 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args):
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self._ids = itertools.count()
+        self._renderer: ChatRenderer | None = None  # started at the first chat
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -82,7 +83,9 @@ class LLM:
         """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a list of them;
         lora_request as in generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [{"prompt_token_ids": chat_prompt_ids(self.get_tokenizer(), c)} for c in conversations]
+        if self._renderer is None:
+            self._renderer = ChatRenderer(self.get_tokenizer())  # the template runs under a time and memory bound
+        prompts = [{"prompt_token_ids": self._renderer.prompt_ids(c)} for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
 
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.gguf_tokenizer import load_gguf_tokenizer
@@ -43,14 +42,3 @@ def _import_transformers_quietly() -> None:
             del os.environ[NO_ADVISORY_WARNINGS]
         else:
             os.environ[NO_ADVISORY_WARNINGS] = previous
-
-
-def chat_prompt_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False) -> list[int]:
-    """Token ids of `messages` rendered by the tokenizer's chat template, ending with the assistant's turn
-    (add_generation_prompt) or with the last message left open for the model to continue."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template; use plain prompts instead")
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message, tokenize=False)
-    return tokenizer.encode(text, add_special_tokens=False)

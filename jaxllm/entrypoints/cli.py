@@ -89,7 +89,12 @@ def _generate(args) -> int:
     engine_args = EngineArgs.from_cli_args(args, max_num_seqs=max_num_seqs)
     llm = LLM(**dataclasses.asdict(engine_args))
     if args.chat:
-        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
+        from jinja2 import TemplateError
+
+        try:
+            outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
+        except TemplateError as e:  # the model's template: a one-line error
+            raise ValueError(f"the chat template failed: {type(e).__name__}: {e}") from None
     else:
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
     if llm.engine.process_index > 0:  # several processes ran the model: process 0 prints

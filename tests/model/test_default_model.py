@@ -14,7 +14,8 @@ import torch
 
 from jaxllm import load_model
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
-from jaxllm.tokenizer import chat_prompt_ids, load_tokenizer
+from jaxllm.chat_renderer import ChatRenderer
+from jaxllm.tokenizer import load_tokenizer
 
 LOGIT_TOL = 1e-3  # max abs difference; logits reach ~30 in magnitude; measured max 1.2e-4 (1 near-tie in 128)
 NEAR_TIE = 2 * LOGIT_TOL
@@ -48,7 +49,7 @@ def test_default_model_config(models):
 
 def test_chat_template_from_gguf(models):
     _, tokenizer, _ = models
-    ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Hi"}])
+    ids = ChatRenderer(tokenizer).prompt_ids([{"role": "user", "content": "Hi"}])
     text = tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHi<|im_end|>\n"
                                                                       "<|im_start|>assistant\n")

@@ -58,3 +58,58 @@ def test_the_model_template_renders(tokenizer):
     expected = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                              tokenize=True, return_dict=True)["input_ids"]
     assert render(tokenizer) == list(expected)
+
+
+HANG = ("{% if messages[-1].content == 'hang' %}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+        "{% endfor %}{% else %}{{ messages[-1].content }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tiny_model_with_tokenizer, tokenizer, tmp_path_factory):
+    """A model whose chat template loops for hours on the message "hang"."""
+    import shutil
+
+    from tests.server.conftest import ServerProcess
+
+    model = tmp_path_factory.mktemp("hostile-template") / "model"
+    shutil.copytree(tiny_model_with_tokenizer, model)
+    hostile = copy.deepcopy(tokenizer)
+    hostile.chat_template = HANG
+    hostile.save_pretrained(str(model))
+    server = ServerProcess(model, model.parent / "server.log", "--chat-template-timeout", "2", "--max-model-len",
+                           "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "64")  # a short warm-up
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+def test_a_looping_template_fails_its_request_alone(hostile_server):
+    """Two hanging chats fail with 400 after the template's bound; meanwhile completions are answered at once,
+    and chat serves the next messages."""
+    import threading
+    import time
+
+    import httpx
+
+    url = hostile_server.url
+
+    def chat(content: str) -> httpx.Response:
+        return httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 2})
+
+    replies = []
+    hanging = [threading.Thread(target=lambda: replies.append(chat("hang"))) for _ in range(2)]
+    start = time.monotonic()
+    for thread in hanging:
+        thread.start()
+    time.sleep(0.5)
+    completion = httpx.post(url + "/v1/completions", timeout=60,
+                            json={"model": "tiny", "prompt": "Hello there", "max_tokens": 2})
+    assert completion.status_code == 200 and time.monotonic() - start < 2.0  # before the templates' bound
+    for thread in hanging:
+        thread.join(60)
+    assert [r.status_code for r in replies] == [400, 400]
+    assert all("the chat template did not finish within 2 s" in r.json()["error"]["message"] for r in replies)
+    assert time.monotonic() - start < 15
+    fine = chat("fine")
+    assert fine.status_code == 200, fine.text

@@ -60,6 +60,9 @@ class BorrowCheckedTokenizer:
     def __deepcopy__(self, memo):
         return BorrowCheckedTokenizer(copy.deepcopy(self._inner, memo))
 
+    def __reduce__(self):  # to a chat-template process: a fresh wrapper there
+        return BorrowCheckedTokenizer, (self._inner,)
+
 
 @pytest.fixture(scope="module")
 def inprocess_server(tiny_model_with_tokenizer):

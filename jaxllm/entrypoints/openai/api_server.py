@@ -31,6 +31,7 @@ except ImportError:
     raise  # both there: something else failed, shown as it is
 
 import jaxllm
+from jaxllm.chat_renderer import DEFAULT_TIMEOUT_S
 from jaxllm.entrypoints.openai.async_engine import DEFAULT_STALL_TIMEOUT_S, AsyncEngine
 from jaxllm.entrypoints.openai.errors import OpenAIError, UnexpectedErrorsAsOpenAIErrors, error_response
 from jaxllm.entrypoints.openai.guards import RequestGuard
@@ -95,6 +96,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="add GET /load: {\"server_load\": completion and chat requests in flight}")
     parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true", default=False,
                         help="add GET /tokenizer_info: the tokenizer's configuration, chat template included")
+    parser.add_argument("--chat-template-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds the chat template may take on one request's messages; a request over it is "
+                             "refused with 400 (the template runs in a child process under a memory bound too)")
     add_engine_args(parser)  # every EngineArgs field; --model is the same as MODEL
     parser.set_defaults(warmup=True)  # serve's own default: build every program before accepting requests
     return parser
@@ -121,7 +125,7 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
               limits: RequestLimits = RequestLimits(), stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
               lora_modules: Sequence[LoRAModule] = (), allow_runtime_lora_updating: bool = False,
               options: ResponseOptions = ResponseOptions(), server_load_tracking: bool = False,
-              tokenizer_info_endpoint: bool = False) -> FastAPI:
+              tokenizer_info_endpoint: bool = False, chat_template_timeout_s: float = DEFAULT_TIMEOUT_S) -> FastAPI:
     """The app over `engine`. lora_modules are registered now (engine.add_lora: ValueError naming the module and
     the problem); allow_runtime_lora_updating adds the load/unload routes, server_load_tracking GET /load and
     tokenizer_info_endpoint GET /tokenizer_info."""
@@ -129,10 +133,12 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     async_engine = AsyncEngine(engine, metrics, max_queue_len, stall_timeout_s)
     models = ServedModels(async_engine, served_model_names)
     models.add_at_start(lora_modules)  # before the engine thread starts: the engine is still this thread's
-    tokenizers = ServerTokenizer(engine.tokenizer)  # copied before the engine thread starts using its own
+    # copied before the engine thread starts using its own
+    tokenizers = ServerTokenizer(engine.tokenizer, template_timeout_s=chat_template_timeout_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        tokenizers.start_renderers()
         async_engine.start()
         yield
         async_engine.shutdown()  # uvicorn already waited for the requests in flight
@@ -372,7 +378,8 @@ def run_server(args: argparse.Namespace) -> int:
                     allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating),
                     options=ResponseOptions(args.return_tokens_as_token_ids, args.enable_prompt_tokens_details),
                     server_load_tracking=args.enable_server_load_tracking,
-                    tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint)
+                    tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+                    chat_template_timeout_s=args.chat_template_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:

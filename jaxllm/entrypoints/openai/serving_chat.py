@@ -14,7 +14,6 @@ from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, 
 from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, prompt_logprobs_field, \
     sampled_and_top, sse, stream_failure, token_text
 from jaxllm.outputs import CompletionOutput
-from jaxllm.tokenizer import chat_prompt_ids
 
 
 class ChatServing(ServingBase):
@@ -41,14 +40,12 @@ class ChatServing(ServingBase):
         return await self._full(request_id, request, streams, model)
 
     async def render(self, messages, **template_options) -> list[int]:
-        """The messages through the chat template (tokenizer.chat_prompt_ids' options), encoded on a tokenizer
-        worker."""
+        """The messages through the chat template (ChatRenderer.prompt_ids' options), under its bounds."""
         if not self.tokenizers.available:
             raise bad_request("chat needs a tokenizer; this server runs without one", "messages")
         try:
             conversation = [m.as_template_input() for m in messages]
-            return await self.tokenizers.run(lambda tokenizer: chat_prompt_ids(tokenizer, conversation,
-                                                                               **template_options))
+            return await self.tokenizers.chat_prompt_ids(conversation, **template_options)
         except ValueError as e:
             raise bad_request(str(e), "messages") from None
         except TemplateError as e:  # the template rejects these messages, or the template itself is broken
