@@ -9,7 +9,8 @@ tokenizers' DecodeStream does the same in Rust, but it keeps the pending ids to 
 inside an incomplete character could not release its last bytes as `decode` does (U+FFFD).
 
 Streaming with stop strings: the returned deltas hold back the longest tail of the text that could still
-grow into a stop string; nothing past a matched stop string is ever returned.
+grow into a stop string; nothing past a matched stop string is ever returned. The stop strings are found by the
+request's StopMatcher (stop_strings.py), one character at a time, at a cost that does not grow with their number.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class IncrementalDetokenizer:
         self._decode_kwargs = dict(skip_special_tokens=params.skip_special_tokens,
                                    spaces_between_special_tokens=params.spaces_between_special_tokens,
                                    clean_up_tokenization_spaces=False)
-        self._stop: list[str] = list(params.stop)
+        self._stops = params.stop_matcher()  # None without stop strings
+        self._stop_state = 0  # the matcher's state after output_text
         self._include_stop = params.include_stop_str_in_output
         self._min_tokens = params.min_tokens
         # Window of ids: [0, read) is already text; [read, end) is pending.
@@ -97,25 +99,27 @@ class IncrementalDetokenizer:
         return self._decode(self._window)[len(self._read_text):]
 
     def _append(self, text: str) -> None:
-        checked = len(self.output_text)
+        start = len(self.output_text)
         self.output_text += text
         if self._num_tokens <= self._min_tokens:
             self._stop_check_from = len(self.output_text)
-        if self._stop and text:
-            self._match_stop(max(checked, self._stop_check_from))
+        if self._stops is not None:
+            self._match_stop(text, start)
 
-    def _match_stop(self, new_from: int) -> None:
-        """Cut the text at the first stop string to complete after `new_from` (earliest end, then earliest
-        start), so the result does not depend on how the text was split into tokens."""
-        matches = []
-        for stop in self._stop:
-            index = self.output_text.find(stop, max(0, new_from - len(stop) + 1))
-            if index != -1:
-                matches.append((index + len(stop), index, stop))
-        if matches:
-            end, index, stop = min(matches)
-            self.output_text = self.output_text[:end if self._include_stop else index]
-            self.finished_by_stop = stop
+    def _match_stop(self, text: str, start: int) -> None:
+        """Read `text` (output_text from `start` on) into the matcher; cut the output at the first stop string
+        to end after _stop_check_from (earliest end, then earliest start: the longest one ending there), so the
+        result does not depend on how the text was split into tokens."""
+        state = self._stop_state
+        for offset, char in enumerate(text):
+            state = self._stops.step(state, char)
+            end, length = start + offset + 1, self._stops.longest_stop[state]
+            if length and end > self._stop_check_from:
+                stop = self.output_text[end - length:end]
+                self.output_text = self.output_text[:end if self._include_stop else end - length]
+                self.finished_by_stop = stop
+                break
+        self._stop_state = state
 
     def _take_delta(self) -> str:
         end = len(self.output_text)
@@ -127,6 +131,4 @@ class IncrementalDetokenizer:
 
     def _held_back(self) -> int:
         """Length of the longest tail of output_text that is a proper prefix of a stop string."""
-        text = self.output_text
-        return max((k for stop in self._stop for k in range(min(len(stop) - 1, len(text)), 0, -1)
-                    if text.endswith(stop[:k])), default=0)
+        return 0 if self._stops is None else self._stops.held_back[self._stop_state]

@@ -12,6 +12,8 @@ import logging
 import math
 import numbers
 
+from jaxllm.stop_strings import StopMatcher
+
 logger = logging.getLogger(__name__)
 
 SAMPLING_EPS = 1e-5  # temperatures below this mean greedy sampling
@@ -92,6 +94,7 @@ class SamplingParams:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
         self._bad_words_token_ids: list[list[int]] = []  # derived by update_from_tokenizer, not a field
+        self._stop_matcher: StopMatcher | None = None  # built by stop_matcher(), then kept
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -129,6 +132,13 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    def stop_matcher(self) -> StopMatcher | None:
+        """The automaton that finds the stop strings in the output (None without them); built at the first call,
+        in time linear in the stop strings' length, and kept (copies of these params share it)."""
+        if self._stop_matcher is None and self.stop:
+            self._stop_matcher = StopMatcher(self.stop)
+        return self._stop_matcher
 
     @property
     def bad_words_token_ids(self) -> list[list[int]]:

@@ -72,6 +72,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="the largest n or best_of one request may ask for; larger ones are refused with 400")
     parser.add_argument("--max-request-sequences", type=int, default=RequestLimits.max_request_sequences,
                         help="the most sequences (prompts x best_of) one completion request may ask for")
+    parser.add_argument("--max-stop-strings", type=int, default=RequestLimits.max_stop_strings,
+                        help="the most stop strings one request may send; more are refused with 400")
+    parser.add_argument("--max-stop-bytes", type=int, default=RequestLimits.max_stop_bytes,
+                        help="the most bytes of stop strings (all together) one request may send")
     parser.add_argument("--engine-stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="seconds one engine step may run before /health answers 503 (a wedged engine)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -372,8 +376,9 @@ def run_server(args: argparse.Namespace) -> int:
             follow(engine)
             return 0
         engine = LeaderEngine(engine)
+    limits = RequestLimits(args.max_n, args.max_request_sequences, args.max_stop_strings, args.max_stop_bytes)
     app = build_app(engine, served_names(args), api_key=args.api_key, max_queue_len=args.max_queue_len,
-                    max_body_bytes=args.max_body_bytes, limits=RequestLimits(args.max_n, args.max_request_sequences),
+                    max_body_bytes=args.max_body_bytes, limits=limits,
                     stall_timeout_s=args.engine_stall_timeout, lora_modules=args.lora_modules or [],
                     allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating),
                     options=ResponseOptions(args.return_tokens_as_token_ids, args.enable_prompt_tokens_details),

@@ -33,6 +33,8 @@ class RequestLimits:
 
     max_n: int = 64  # n and best_of
     max_request_sequences: int = 1024  # prompts x best_of of one completion request
+    max_stop_strings: int = 256  # stop strings of one request
+    max_stop_bytes: int = 16384  # their total UTF-8 length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +98,23 @@ class ServingBase:
             if isinstance(value, int) and value > self.limits.max_n:
                 raise bad_request(f"{name} must be <= {self.limits.max_n} (this server's limit), got {value}", name)
         try:
-            return request.sampling_params(max_tokens, logprobs)
+            params = request.sampling_params(max_tokens, logprobs)
         except ValueError as e:
             message, field = str(e), _field_named_in(str(e))
             if field == "max_tokens" and max_tokens_field != field:
                 message, field = message.replace("max_tokens", max_tokens_field, 1), max_tokens_field
             raise bad_request(message, field) from None
+        self._check_stop_limits(params.stop)
+        return params
+
+    def _check_stop_limits(self, stop: list[str]) -> None:
+        if len(stop) > self.limits.max_stop_strings:
+            raise bad_request(f"stop: at most {self.limits.max_stop_strings} strings (this server's limit), got "
+                              f"{len(stop)}", "stop")
+        size = sum(len(s.encode()) for s in stop)
+        if size > self.limits.max_stop_bytes:
+            raise bad_request(f"stop: at most {self.limits.max_stop_bytes} bytes in all (this server's limit), got "
+                              f"{size}", "stop")
 
     async def encode_prompt(self, text: str) -> dict:
         """A text prompt as the engine takes it, encoded on a tokenizer worker (never on the engine thread)."""
@@ -124,6 +137,8 @@ class ServingBase:
             self.engine.check_capacity(len(prompts) * params.num_sequences)  # the whole request, or none of it
         except (ValueError, QueueFullError) as e:
             raise _as_openai_error(e) from None
+        if params.stop:  # the stop strings' automaton, built here rather than on the engine thread
+            await self.tokenizers.run(lambda _: params.stop_matcher())
         streams = []
         try:
             for i, prompt in enumerate(prompts):
