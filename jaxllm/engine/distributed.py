@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 
 import jax
 import numpy as np
@@ -71,13 +72,31 @@ def initialize(group: ProcessGroup) -> None:
     if jax.distributed.is_initialized():
         _check_joined_as(group)
         return
+    if group.process_id == 0:
+        _check_coordinator_port_free(group.coordinator_address)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives of CPU devices across processes
     try:
         jax.distributed.initialize(group.coordinator_address, num_processes=group.num_processes,
                                    process_id=group.process_id)
     except RuntimeError as e:
-        raise RuntimeError(f"joining {group.num_processes} processes at {group.coordinator_address} as process "
-                           f"{group.process_id} failed (JAX must not have started before: join first): {e}") from e
+        raise ValueError(f"joining {group.num_processes} processes at {group.coordinator_address} as process "
+                         f"{group.process_id} failed (is process 0 running there? JAX must not have started "
+                         f"before joining): {e}") from e
+
+
+def _check_coordinator_port_free(address: str) -> None:
+    """Process 0's coordinator listens on every interface at the address's port; a port taken makes JAX's
+    coordinator crash the process (SIGSEGV), so it is checked first (the same way it binds: any address,
+    reusable)."""
+    port = int(address.rpartition(":")[2])
+    family, any_host = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "0.0.0.0")
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((any_host, port))
+        except OSError as e:
+            raise ValueError(f"coordinator_address {address}: port {port} is already in use on this host (process "
+                             f"0 listens there for the others to join): {e.strerror}") from None
 
 
 def tensor_parallel_size(requested: int | None, group: ProcessGroup) -> int | None:

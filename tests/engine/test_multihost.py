@@ -118,3 +118,16 @@ def test_the_settings_are_flags():
         args = build_parser().parse_args([*command, "--num-processes", "2", "--process-id", "1",
                                           "--coordinator-address", "10.0.0.1:1234"])
         assert (args.num_processes, args.process_id, args.coordinator_address) == (2, 1, "10.0.0.1:1234")
+
+
+def test_a_coordinator_port_in_use_is_named_before_joining():
+    """JAX's coordinator would crash process 0 (SIGSEGV) on a taken port: it is checked and named first."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        group = distributed.ProcessGroup(num_processes=2, process_id=0, coordinator_address=f"127.0.0.1:{port}")
+        with pytest.raises(ValueError, match=rf"coordinator_address 127.0.0.1:{port}: port {port} is already in use"):
+            distributed.initialize(group)
