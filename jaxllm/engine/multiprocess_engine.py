@@ -31,6 +31,7 @@ class LeaderEngine:
     def __init__(self, engine):
         self.engine = engine
         self._pending: list[list[Any]] = []
+        self.lost: str | None = None  # why the group broke (a follower gone: a collective with it failed)
 
     def __getattr__(self, name: str):
         return getattr(self.engine, name)
@@ -46,12 +47,21 @@ class LeaderEngine:
         self._pending.append(["abort", request_ids])
 
     def step(self):
-        self._send(["step"])
-        return self.engine.step()
+        try:
+            self._send(["step"])
+            return self.engine.step()
+        except Exception as e:  # the engine loop dies with it; a collective failed: the group is broken
+            self.lost = f"{type(e).__name__}: {e}"
+            raise
 
     def stop(self) -> None:
-        """Release the followers (after the last step)."""
-        self._send(["stop"])
+        """Release the followers (after the last step); `lost` says why not when the group is broken."""
+        if self.lost is not None:
+            return
+        try:
+            self._send(["stop"])
+        except Exception as e:  # noqa: BLE001 - a follower is gone: nothing to release
+            self.lost = f"{type(e).__name__}: {e}"
 
     def _send(self, last: list[Any]) -> None:
         commands, self._pending = [*self._pending, last], []

@@ -54,3 +54,30 @@ def complete(url: str, prompt: str) -> str:
     response = httpx.post(url + "/v1/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["text"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("request_after_loss", [True, False], ids=["noticed", "unnoticed"])
+def test_the_leader_stops_cleanly_after_its_follower_died(tiny_model_with_tokenizer, tmp_path, request_after_loss):
+    """A follower killed: requests fail with 503 (the engine loop is dead), and stopping process 0 ends it at once
+    with one line naming the failure instead of JAX's exit-time shutdown waiting for the lost process."""
+    address = f"127.0.0.1:{free_port()}"
+    group = ("--num-processes", "2", "--coordinator-address", address)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "jaxllm.entrypoints.cli", "serve", str(tiny_model_with_tokenizer), *FLAGS, *group,
+         "--process-id", "1", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_environment())
+    try:
+        leader = ServerProcess(tiny_model_with_tokenizer, tmp_path / "leader.log", *FLAGS, *group,
+                               "--process-id", "0", via_cli=True)
+        complete(leader.url, "Hello")
+    finally:
+        follower.kill()
+        follower.wait()
+    if request_after_loss:
+        reply = httpx.post(leader.url + "/v1/completions", timeout=60,
+                           json={"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2})
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "engine_dead"
+    assert leader.stop(timeout=30) == 1, leader.log()
+    assert "jaxllm: error: the processes serving together lost one" in (tmp_path / "leader.log").read_text()
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
 import signal
 import sys
@@ -388,11 +389,22 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run()  # a SIGTERM ends it with SystemExit (uvicorn re-raises the signal)
     finally:
         if isinstance(engine, LeaderEngine):
             engine.stop()
+            if engine.lost is not None:
+                _exit_without_the_group(engine.lost)
     return 0
+
+
+def _exit_without_the_group(lost: str) -> None:
+    """A process of the group is gone: JAX's exit-time shutdown would wait for it (or abort in C++), so exit at
+    once with one line naming what failed."""
+    print(f"jaxllm: error: the processes serving together lost one (a collective with it failed: {lost}); "
+          f"process 0 exits without the group's shutdown", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _exit_cleanly(signum, frame) -> None:
