@@ -21,6 +21,10 @@ from jaxllm.lora.peft import HostAdapter, load_peft_adapter
 from jaxllm.lora.request import LoRARequest
 
 
+class AdapterRemovedError(ValueError):
+    """A request names an adapter that was removed (a server answers 404: the model no longer exists)."""
+
+
 class LoRAManager:
     def __init__(self, config: ModelConfig, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int, dtype):
         self.config = config
@@ -38,7 +42,7 @@ class LoRAManager:
     def register(self, lora: LoRARequest) -> None:
         """Know `lora` (read and check its files if new); ValueError if its id is another adapter's."""
         if lora.lora_int_id in self.retired:
-            raise ValueError(f"LoRA adapter id {lora.lora_int_id} was removed; give a new adapter a new id")
+            raise AdapterRemovedError(f"LoRA adapter id {lora.lora_int_id} was removed; give a new adapter a new id")
         known = self.registered.get(lora.lora_int_id)
         if known is not None:
             if (known.lora_name, known.lora_path) != (lora.lora_name, lora.lora_path):

@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxllm import LLM, LoRARequest, SamplingParams
 from jaxllm.engine.args import EngineArgs
+from jaxllm.lora.manager import AdapterRemovedError
 from jaxllm.lora.peft import load_peft_adapter
 
 MAX_RANK = 8
@@ -167,6 +168,8 @@ def test_a_refused_adapter_fails_only_its_request(tiny_model_dir, adapter_copy, 
     llm.engine.remove_lora(1)
     assert llm.engine.list_loras() == [] and 1 not in llm.engine.lora.registered
     with pytest.raises(ValueError, match="LoRA adapter id 1 was removed"):
+        llm.generate({"prompt_token_ids": [1, 2, 3]}, params, use_tqdm=False, lora_request=good)
+    with pytest.raises(AdapterRemovedError):  # its own kind: a server answers 404 (the model no longer exists)
         llm.generate({"prompt_token_ids": [1, 2, 3]}, params, use_tqdm=False, lora_request=good)
 
 

@@ -101,3 +101,13 @@ def test_detokenize_out_of_vocab_is_400(server):
 
 def test_unknown_route_is_404_in_openai_shape(server):
     assert_error(httpx.get(server.url + "/v1/nothing"), 404)
+
+
+def test_a_request_racing_an_adapter_unload_is_404():
+    """The adapter was resolved by name, then unloaded before the engine took the request: 404, as for a name
+    never served (not a 400: the request itself was fine)."""
+    from jaxllm.entrypoints.openai.serving_base import _as_openai_error
+    from jaxllm.lora.manager import AdapterRemovedError
+
+    error = _as_openai_error(AdapterRemovedError("LoRA adapter id 3 was removed; give a new adapter a new id"))
+    assert (error.status, error.param, error.code) == (404, "model", "model_not_found")

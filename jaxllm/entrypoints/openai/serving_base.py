@@ -18,6 +18,7 @@ from jaxllm.entrypoints.openai.protocol import PromptLogprob, SamplingRequest
 from jaxllm.entrypoints.openai.request_fields import unsupported_field
 from jaxllm.entrypoints.openai.serving_models import ServedModels
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
+from jaxllm.lora.manager import AdapterRemovedError
 from jaxllm.lora.request import LoRARequest
 from jaxllm.outputs import Logprob, RequestOutput
 from jaxllm.sampling_params import SamplingParams
@@ -162,6 +163,8 @@ class ServingBase:
 
 
 def _as_openai_error(e: BaseException) -> BaseException:
+    if isinstance(e, AdapterRemovedError):  # unloaded while the request was on its way
+        return OpenAIError(404, f"the model does not exist any more: {e}", "model", "model_not_found")
     if isinstance(e, ValueError):
         return bad_request(str(e), _field_named_in(str(e)))
     if isinstance(e, QueueFullError):
