@@ -255,7 +255,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         for i, token in enumerate(token_ids):
             if not isinstance(token, int) or not 0 <= token < vocab:
-                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is not a token id in [0, {vocab})")
+                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is not a token id in [0, {vocab}) (out of "
+                                 f"vocabulary)")
         return text, token_ids
 
     @staticmethod

@@ -172,3 +172,17 @@ def test_allowed_token_ids_are_checked_against_the_vocabulary(server):
     assert httpx.post(server.url + path, json={**body, "allowed_token_ids": [504, 7302]}, timeout=60).status_code == 200
     bad = httpx.post(server.url + path, json={**body, "allowed_token_ids": [10 ** 6]}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "allowed_token_ids"
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("logit_bias", {"bad1": 5.0, "2": 1.0, "bad2": 1.0}, ["'bad1'", "'bad2'"]),  # every bad key named
+    ("prompt", None, ["Either prompt or prompt_embeds must be provided and non-empty"]),
+    ("prompt", [10 ** 6], ["out of vocabulary"]),
+    ("seed", 1 << 63, ["[type=less_than_equal]"]),  # pydantic's kind of check, as vLLM shows it
+])
+def test_refusals_are_worded_as_vllm_words_them(server, field, value, words):
+    path, body = BODIES["completion"]
+    reply = httpx.post(server.url + path, json={**body, field: value}, timeout=60)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == field, error
+    assert all(word in error["message"] for word in words), error

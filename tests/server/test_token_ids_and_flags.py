@@ -1,6 +1,8 @@
 """vLLM's token-id fields (return_token_ids, return_tokens_as_token_ids), its bad_words and priority request fields,
 and its optional server surface: --return-tokens-as-token-ids, --enable-prompt-tokens-details, GET /load
-(--enable-server-load-tracking) and GET /tokenizer_info (--enable-tokenizer-info-endpoint)."""
+(--enable-server-load-tracking), GET /tokenizer_info (--enable-tokenizer-info-endpoint),
+--enable-force-include-usage, --enable-per-request-metrics, --root-path with an API key from the environment,
+and the ORCA load report header."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def flagged(start_server):
     return start_server("--max-num-seqs", "1", "--max-model-len", "256", "--block-size", "8",
                         "--scheduling-policy", "priority", "--return-tokens-as-token-ids",
                         "--enable-prompt-tokens-details", "--enable-server-load-tracking",
-                        "--enable-tokenizer-info-endpoint")
+                        "--enable-tokenizer-info-endpoint", "--enable-force-include-usage",
+                        "--enable-per-request-metrics", "--root-path", "/llm")
 
 
 def post(server, path: str, body: dict) -> dict:
@@ -190,3 +193,55 @@ def test_bad_words_reach_the_engine(server):
     too_long = httpx.post(server.url + "/v1/completions", json={"model": MODEL, **body, "bad_words": ["x " * 40]},
                           timeout=60)
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "bad_words"
+
+
+def test_stream_usage_follows_stream_options_and_the_force_flag(server, flagged):
+    """vLLM's rule: a usage chunk only with include_usage (stream_options {} sends none); with
+    --enable-force-include-usage every chunk carries the usage so far and a usage chunk ends the stream."""
+    body = dict(prompt="Hi", max_tokens=3, temperature=0, ignore_eos=True)
+    assert all(c.get("usage") is None for c in events(server, "/v1/completions", {**body, "stream_options": {}}))
+    for path, request in (("/v1/completions", body),
+                          ("/v1/chat/completions", {**body, "prompt": None, "messages": CHAT})):
+        chunks = events(flagged, path, {k: v for k, v in request.items() if v is not None})
+        assert all(c["usage"] is not None for c in chunks) and chunks[-1]["choices"] == []
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        assert counts == sorted(counts) and counts[-1] == 3
+
+
+def test_per_request_metrics(flagged, server):
+    reply = post(flagged, "/v1/chat/completions", dict(messages=CHAT, max_tokens=4, min_tokens=4, temperature=0))
+    metrics = reply["metrics"]
+    assert set(metrics) == {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms",
+                            "tokens_per_second"}
+    assert all(value >= 0 for value in metrics.values())
+    assert metrics["mean_itl_ms"] == pytest.approx(metrics["generation_time_ms"] / 3)
+    chunks = events(flagged, "/v1/completions", dict(prompt="Hi", max_tokens=2, temperature=0))
+    assert "metrics" in chunks[-1] and all("metrics" not in c for c in chunks[:-1])
+    assert "metrics" not in post(flagged, "/v1/completions", dict(prompt="Hi", max_tokens=2, n=2))  # not one sequence
+    assert "metrics" not in post(server, "/v1/chat/completions", dict(messages=CHAT, max_tokens=2))  # no flag
+
+
+@pytest.mark.parametrize("report_format", ["TEXT", "JSON"])
+def test_orca_load_report_header(server, report_format):
+    reply = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                       headers={"endpoint-load-metrics-format": report_format}, timeout=60)
+    header = reply.headers["endpoint-load-metrics"]
+    assert header.startswith(report_format + " ")
+    if report_format == "JSON":
+        assert set(json.loads(header[5:])["named_metrics"]) == {"kv_cache_usage_perc", "num_requests_waiting"}
+    else:
+        assert "named_metrics.kv_cache_usage_perc=" in header and "named_metrics.num_requests_waiting=" in header
+    assert "endpoint-load-metrics" not in httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "Hi", "max_tokens": 2}).headers
+
+
+def test_root_path_and_the_api_key_from_vllm_environment(start_server, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "sekrit")
+    keyed = start_server("--max-model-len", "128", "--root-path", "/llm")
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    for prefix in ("", "/llm"):
+        url = keyed.url + prefix + "/v1/completions"
+        assert httpx.post(url, json=body, timeout=60).status_code == 401
+        assert httpx.post(url, json=body, headers={"Authorization": "Bearer sekrit"}, timeout=60).status_code == 200
+        assert httpx.get(keyed.url + prefix + "/health", timeout=10).status_code == 200  # open without the key
+

@@ -37,7 +37,7 @@ from jaxllm.entrypoints.openai.async_engine import DEFAULT_STALL_TIMEOUT_S, Asyn
 from jaxllm.entrypoints.openai.errors import OpenAIError, UnexpectedErrorsAsOpenAIErrors, error_response
 from jaxllm.entrypoints.openai.guards import RequestGuard
 from jaxllm.entrypoints.openai.request_id import RequestIdHeader
-from jaxllm.entrypoints.openai.metrics import ServerMetrics
+from jaxllm.entrypoints.openai.metrics import ServerMetrics, load_report_header
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
     LoadLoRAAdapterRequest, ModelList, TokenizeRequest, UnloadLoRAAdapterRequest
 from jaxllm.entrypoints.openai.serving_base import RequestLimits, ResponseOptions
@@ -51,6 +51,7 @@ from jaxllm.entrypoints.openai.tokenization import ServerTokenizer, tokenizer_in
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+API_KEY_ENV = ("JAXLLM_API_KEY", "VLLM_API_KEY")  # --api-key's defaults, in order (vLLM deployments set the second)
 CLIENT_CLOSED_REQUEST = 499
 
 
@@ -65,7 +66,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", nargs="+", default=None,
                         help="model names the API accepts (default: the model argument)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' on every route but /health, /ping, /metrics and "
+                             f"/version (default: ${API_KEY_ENV[0]}, else ${API_KEY_ENV[1]})")
+    parser.add_argument("--root-path", default="",
+                        help="the path prefix a proxy serves this server under (routes answer with and without it)")
     parser.add_argument("--max-queue-len", type=int, default=None,
                         help="sequences that may wait for a batch slot (a request counts its n or best_of); "
                              "more are refused with 429")
@@ -97,6 +102,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--enable-prompt-tokens-details", action="store_true", default=False,
                         help="usage carries prompt_tokens_details.cached_tokens (prompt tokens the prefix cache "
                              "served)")
+    parser.add_argument("--enable-force-include-usage", action="store_true", default=False,
+                        help="every stream carries the usage so far on each chunk and a last usage chunk, whatever "
+                             "its stream_options")
+    parser.add_argument("--enable-per-request-metrics", action="store_true", default=False,
+                        help="responses (a stream: its usage chunk) of one prompt sampled once carry `metrics`: time "
+                             "to first token, queue and generation time, mean inter-token latency, tokens/s")
     parser.add_argument("--enable-server-load-tracking", action="store_true", default=False,
                         help="add GET /load: {\"server_load\": completion and chat requests in flight}")
     parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true", default=False,
@@ -130,7 +141,8 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
               limits: RequestLimits = RequestLimits(), stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
               lora_modules: Sequence[LoRAModule] = (), allow_runtime_lora_updating: bool = False,
               options: ResponseOptions = ResponseOptions(), server_load_tracking: bool = False,
-              tokenizer_info_endpoint: bool = False, chat_template_timeout_s: float = DEFAULT_TIMEOUT_S) -> FastAPI:
+              tokenizer_info_endpoint: bool = False, chat_template_timeout_s: float = DEFAULT_TIMEOUT_S,
+              root_path: str = "") -> FastAPI:
     """The app over `engine`. lora_modules are registered now (engine.add_lora: ValueError naming the module and
     the problem); allow_runtime_lora_updating adds the load/unload routes, server_load_tracking GET /load and
     tokenizer_info_endpoint GET /tokenizer_info."""
@@ -149,7 +161,7 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
         async_engine.shutdown()  # uvicorn already waited for the requests in flight
         tokenizers.shutdown()
 
-    app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan)
+    app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan, root_path=root_path)
     app.state.async_engine, app.state.metrics, app.state.models = async_engine, metrics, models
     app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits, models, options)
     app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models, options)
@@ -193,6 +205,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return error_response(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}")
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if first.get("type", "value_error") != "value_error":  # pydantic's own check: its kind, as vLLM shows it
+            message += f" [type={first['type']}]"
         if loc:
             return error_response(400, f"{'.'.join(loc)}: {message}", ".".join(loc))
         field = re.match(r"([A-Za-z_]\w*)[.\[:]", message)  # a check of the whole body names its field first
@@ -232,12 +246,14 @@ def _add_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw_request: Request):
         _name_by_client_id(request, raw_request)
-        return _respond(await _unless_disconnected(raw_request, state.completions.create(request)))
+        return _respond(await _unless_disconnected(raw_request, state.completions.create(request)),
+                        _load_report(raw_request, state.metrics))
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatCompletionRequest, raw_request: Request):
         _name_by_client_id(request, raw_request)
-        return _respond(await _unless_disconnected(raw_request, state.chat.create(request)))
+        return _respond(await _unless_disconnected(raw_request, state.chat.create(request)),
+                        _load_report(raw_request, state.metrics))
 
     @app.post("/invocations")
     async def invocations(body: dict, raw_request: Request):
@@ -324,11 +340,17 @@ def _name_by_client_id(request, raw_request: Request) -> None:
         request.request_id = client_id
 
 
-def _respond(result):
+def _respond(result, headers: dict[str, str]):
     if hasattr(result, "__aiter__"):
         return StreamingResponse(result, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JSONResponse(result.model_dump())
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+    return JSONResponse(result.model_dump(), headers=headers)
+
+
+def _load_report(raw_request: Request, metrics: ServerMetrics) -> dict[str, str]:
+    """The ORCA load report header when the client asks for one (endpoint-load-metrics-format)."""
+    report_format = raw_request.headers.get("endpoint-load-metrics-format")
+    return {} if report_format is None else load_report_header(report_format, metrics.engine_stats)
 
 
 async def _tokenize(serving: ChatServing, request: TokenizeRequest) -> dict:
@@ -378,14 +400,19 @@ def run_server(args: argparse.Namespace) -> int:
             return 0
         engine = LeaderEngine(engine)
     limits = RequestLimits(args.max_n, args.max_request_sequences, args.max_stop_strings, args.max_stop_bytes)
-    app = build_app(engine, served_names(args), api_key=args.api_key, max_queue_len=args.max_queue_len,
+    api_key = args.api_key or next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)
+    app = build_app(engine, served_names(args), api_key=api_key, max_queue_len=args.max_queue_len,
                     max_body_bytes=args.max_body_bytes, limits=limits,
                     stall_timeout_s=args.engine_stall_timeout, lora_modules=args.lora_modules or [],
                     allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating),
-                    options=ResponseOptions(args.return_tokens_as_token_ids, args.enable_prompt_tokens_details),
+                    options=ResponseOptions(
+                        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                        enable_force_include_usage=args.enable_force_include_usage,
+                        enable_per_request_metrics=args.enable_per_request_metrics),
                     server_load_tracking=args.enable_server_load_tracking,
                     tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
-                    chat_template_timeout_s=args.chat_template_timeout)
+                    chat_template_timeout_s=args.chat_template_timeout, root_path=args.root_path)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:

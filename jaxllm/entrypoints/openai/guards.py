@@ -20,7 +20,7 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.expected is not None and scope["path"] not in OPEN_PATHS and \
+        if self.expected is not None and route_path(scope) not in OPEN_PATHS and \
                 not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
             response = error_response(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
                                       code="invalid_api_key")
@@ -58,3 +58,10 @@ class RequestGuard:
         size = "" if length is None else f" has {length} bytes;"
         response = error_response(413, f"the request body{size} exceeds the limit of {self.max_body_bytes} bytes")
         return await response(scope, receive, send)
+
+
+def route_path(scope) -> str:
+    """The request's path as the routes see it: without the server's root path (--root-path) in front."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] or "/" if root and path.startswith(root) else path
+

@@ -3,6 +3,8 @@ thread-safe). Each server owns its registry, so several apps can live in one pro
 
 from __future__ import annotations
 
+import json
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from jaxllm.outputs import RequestOutput
@@ -45,11 +47,13 @@ class ServerMetrics:
                                 labels + ["finished_reason"], registry=r)
         self._model = m
         self._last_prefix = (0, 0)
+        self.engine_stats: dict = {}  # the engine's stats after its last step
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     def record_engine(self, stats: dict) -> None:
+        self.engine_stats = stats
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         self.kv_usage.set(stats["kv_cache_usage"])
@@ -77,6 +81,18 @@ class ServerMetrics:
         if output.finished:
             self.prompt_tokens.inc(len(output.prompt_token_ids))
             self.e2e.observe(now - tracker.arrival_time)
+
+
+def load_report_header(report_format: str, engine_stats: dict) -> dict[str, str]:
+    """The ORCA load report a client asked for with `endpoint-load-metrics-format: TEXT | JSON` (vLLM's
+    `endpoint-load-metrics` response header: KV cache use and waiting requests); {} for another format."""
+    named = {"kv_cache_usage_perc": float(engine_stats.get("kv_cache_usage", 0.0)),
+             "num_requests_waiting": float(engine_stats.get("num_waiting", 0))}
+    if report_format.upper() == "TEXT":
+        return {"endpoint-load-metrics": "TEXT " + ", ".join(f"named_metrics.{k}={v}" for k, v in named.items())}
+    if report_format.upper() == "JSON":
+        return {"endpoint-load-metrics": "JSON " + json.dumps({"named_metrics": named})}
+    return {}
 
 
 class RequestTracker:

@@ -67,7 +67,7 @@ def lone_surrogate_path(data: Any) -> str | None:
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = True  # vLLM's default once stream_options is sent
+    include_usage: bool = False  # a last chunk carrying the usage (vLLM's default: off)
     continuous_usage_stats: bool = False  # with include_usage: every chunk carries the usage so far
 
 
@@ -113,7 +113,7 @@ class SamplingRequest(RequestModel):
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams of this request; raises ValueError naming a bad field."""
-        bias = None if self.logit_bias is None else {_token_key(k): v for k, v in self.logit_bias.items()}
+        bias = None if self.logit_bias is None else _token_keys(self.logit_bias)
         optional = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                         repetition_penalty=self.repetition_penalty)
         return SamplingParams(
@@ -158,15 +158,24 @@ class SamplingRequest(RequestModel):
         return random_id(prefix) if self.request_id is None else f"{prefix}-{self.request_id}"
 
 
-def _token_key(key: str) -> int:
-    try:
-        return int(key)
-    except ValueError:
-        raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+def _token_keys(bias: dict[str, float]) -> dict[int, float]:
+    """logit_bias keyed by token ids; ValueError naming every key that is not one."""
+    bad = [key for key in bias if not key.strip().lstrip("-").isdigit()]
+    if bad:
+        raise ValueError(f"logit_bias keys must be token ids, got {', '.join(map(repr, bad))}")
+    return {int(key): value for key, value in bias.items()}
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("prompt") is None:
+            raise ValueError("prompt: Either prompt or prompt_embeds must be provided and non-empty (prompt_embeds "
+                             "is not supported here)")
+        return data
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
@@ -322,6 +331,16 @@ class CompletionChoice(OpenAIBaseModel):
     token_ids: list[int] | None = omitted_when_none()  # return_token_ids: the generated ids (a stream: new ones)
 
 
+class PerRequestMetrics(OpenAIBaseModel):
+    """--enable-per-request-metrics (vLLM's): one request's timing, in milliseconds."""
+
+    time_to_first_token_ms: float | None = None  # first scheduled to first token
+    generation_time_ms: float | None = None  # first token to last token
+    queue_time_ms: float | None = None  # arrival to first scheduled
+    mean_itl_ms: float | None = None  # generation time per token after the first
+    tokens_per_second: float | None = None  # generated tokens over first scheduled to last token
+
+
 class CompletionResponse(OpenAIBaseModel):
     id: str
     object: Literal["text_completion"] = "text_completion"
@@ -329,6 +348,7 @@ class CompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    metrics: PerRequestMetrics | None = omitted_when_none()  # a stream: on its usage chunk
 
 
 class TopLogprob(OpenAIBaseModel):
@@ -368,6 +388,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
     prompt_logprobs: PromptLogprobsField = None
     prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids
+    metrics: PerRequestMetrics | None = omitted_when_none()
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -392,6 +413,7 @@ class ChatCompletionChunk(OpenAIBaseModel):
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
     prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids: on the first chunk only
+    metrics: PerRequestMetrics | None = omitted_when_none()  # on the usage chunk
 
 
 class ModelCard(OpenAIBaseModel):

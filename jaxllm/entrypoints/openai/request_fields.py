@@ -8,7 +8,7 @@
 
 So a client written for vLLM gets what it asked for or an error naming the field, never a silent 200 that
 dropped it. The lists follow vLLM's CompletionRequest and ChatCompletionRequest (their sampling and extra
-parameters, the structured-output and tool fields).
+parameters, the structured-output and tool fields), as of vLLM 0.34.
 """
 
 from __future__ import annotations
@@ -28,12 +28,19 @@ _NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
     "response_format": (None, {"type": "text"}), "structured_outputs": (None,), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "structural_tag": (None,),
     "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,),
+    "watermarking": (None, False), "logprob_token_ids": (None,), "return_weight_versions": (False,),
+    "ec_transfer_params": (None,), "repetition_detection": (None,), "stream_interval": (None, 1),
+    "thinking_token_budget": (None,),
+    # what only vLLM's render endpoints, expert routing reports or session routing read: no effect here
+    "session_id": ANY, "routed_experts_prompt_start": ANY, "return_token_offsets": ANY, "mm_payload": ANY,
+    "return_mm_kwargs": ANY,
 }
 _COMPLETION: dict[str, tuple] = {**_NOT_SUPPORTED_ANYWHERE, "prompt_embeds": (None,),
                                  "add_special_tokens": (True,)}
 _CHAT: dict[str, tuple] = {
     **_NOT_SUPPORTED_ANYWHERE, "tools": (None, []), "tool_choice": (None, "none"), "add_special_tokens": (False,),
     "documents": (None,), "chat_template": (None,), "chat_template_kwargs": (None,), "reasoning_effort": (None,),
+    "media_io_kwargs": (None,), "return_prompt_text": (None, False),
     "parallel_tool_calls": ANY, "include_reasoning": ANY,  # they act only with tools / a reasoning parser
 }
 FIELDS = {"completion": _COMPLETION, "chat": _CHAT}

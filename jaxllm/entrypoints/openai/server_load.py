@@ -4,6 +4,8 @@ stream: until it ends or the client leaves)."""
 
 from __future__ import annotations
 
+from jaxllm.entrypoints.openai.guards import route_path
+
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/invocations"})
 
 
@@ -20,7 +22,7 @@ class CountGenerationRequests:
         self.load = load
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+        if scope["type"] != "http" or route_path(scope) not in GENERATION_PATHS:
             return await self.app(scope, receive, send)
         self.load.count += 1
         try:

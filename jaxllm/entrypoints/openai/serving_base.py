@@ -14,13 +14,13 @@ from pydantic import BaseModel
 from jaxllm.entrypoints.openai.async_engine import AsyncEngine, EngineDeadError, QueueFullError, \
     RequestFailedError, RequestStream
 from jaxllm.entrypoints.openai.errors import OpenAIError, bad_request
-from jaxllm.entrypoints.openai.protocol import PromptLogprob, SamplingRequest
+from jaxllm.entrypoints.openai.protocol import PerRequestMetrics, PromptLogprob, SamplingRequest
 from jaxllm.entrypoints.openai.request_fields import unsupported_field
 from jaxllm.entrypoints.openai.serving_models import ServedModels
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
 from jaxllm.lora.manager import AdapterRemovedError
 from jaxllm.lora.request import LoRARequest
-from jaxllm.outputs import Logprob, RequestOutput
+from jaxllm.outputs import Logprob, RequestMetrics, RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class ResponseOptions:
 
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>" unless a request says otherwise
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    enable_force_include_usage: bool = False  # every stream carries the usage on every chunk and at its end
+    enable_per_request_metrics: bool = False  # responses of one prompt sampled once carry its timing
 
 
 class ServingBase:
@@ -70,6 +72,20 @@ class ServingBase:
         """Whether the request's logprob tokens are written "token_id:<id>" (its field, else the server's flag)."""
         asked = request.return_tokens_as_token_ids
         return self.options.return_tokens_as_token_ids if asked is None else asked
+
+    def stream_usage(self, request: SamplingRequest) -> tuple[bool, bool]:
+        """(a last chunk with the usage, the usage so far on every chunk) for a stream."""
+        if self.options.enable_force_include_usage:
+            return True, True
+        return request.include_usage, request.continuous_usage
+
+    def request_metrics(self, outputs: list[RequestOutput | None], n: int,
+                        num_generated: int) -> PerRequestMetrics | None:
+        """The request's timing (--enable-per-request-metrics) from its last output, when it is one prompt
+        sampled once (vLLM's rule: otherwise the times span several sequences)."""
+        if not self.options.enable_per_request_metrics or len(outputs) != 1 or n != 1 or outputs[0] is None:
+            return None
+        return timing_metrics(outputs[0].metrics, num_generated)
 
     def cached_tokens(self, count: int) -> int | None:
         """usage's cached-token count, when the server reports it (--enable-prompt-tokens-details)."""
@@ -242,6 +258,20 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
             task.cancel()
         for stream in streams:
             stream.close()
+
+
+def timing_metrics(times: RequestMetrics, num_generated: int) -> PerRequestMetrics:
+    """vLLM's per-request timing from the engine's clock readings (a field is None without its readings)."""
+    def ms(start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else (end - start) * 1e3
+
+    decode = ms(times.first_token_time, times.last_token_time)
+    inference = ms(times.first_scheduled_time, times.last_token_time)
+    return PerRequestMetrics(
+        time_to_first_token_ms=ms(times.first_scheduled_time, times.first_token_time), generation_time_ms=decode,
+        queue_time_ms=ms(times.arrival_time, times.first_scheduled_time),
+        mean_itl_ms=decode / (num_generated - 1) if decode is not None and num_generated > 1 else None,
+        tokens_per_second=num_generated / inference * 1e3 if inference else None)
 
 
 def token_text(logprob: Logprob | None, tokenizer, token_id: int, as_id: bool = False) -> str:

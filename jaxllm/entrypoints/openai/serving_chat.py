@@ -82,12 +82,14 @@ class ChatServing(ServingBase):
             id=request_id, model=model, choices=choices,
             usage=usage(len(prompt.prompt_token_ids), generated, self.cached_tokens(prompt.num_cached_tokens)),
             prompt_logprobs=prompt_logprobs_field(prompt.prompt_logprobs, self.tokenizer),
-            prompt_token_ids=prompt.prompt_token_ids if ids else None)
+            prompt_token_ids=prompt.prompt_token_ids if ids else None,
+            metrics=self.request_metrics([prompt], request.n, generated))
 
     async def _stream(self, request_id: str, request: ChatCompletionRequest, streams, model: str,
                       prompt_ids: list[int]) -> AsyncIterator[str]:
         ids = request.return_token_ids
-        generated, cached = 0, 0
+        include_usage, continuous_usage = self.stream_usage(request)
+        generated, cached, last = 0, 0, None
 
         def chunk(choices, usage_info=None, **fields) -> str:
             return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage_info, **fields))
@@ -100,13 +102,13 @@ class ChatServing(ServingBase):
 
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""),
                                       token_ids=no_tokens()) for i in range(request.n)],
-                    usage_so_far() if request.continuous_usage else None, prompt_token_ids=prompt_ids if ids else None)
+                    usage_so_far() if continuous_usage else None, prompt_token_ids=prompt_ids if ids else None)
         if echo := request.echoed_text():
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo), token_ids=no_tokens())
-                         for i in range(request.n)], usage_so_far() if request.continuous_usage else None)
+                         for i in range(request.n)], usage_so_far() if continuous_usage else None)
         try:
             async for _, output in merge(streams):
-                cached = output.num_cached_tokens
+                cached, last = output.num_cached_tokens, output
                 for completion in output.outputs:
                     generated += len(completion.token_ids)
                     logprobs = ChatLogprobs(content=self._logprobs(completion, request)) if request.logprobs \
@@ -115,11 +117,11 @@ class ChatServing(ServingBase):
                                                   logprobs=logprobs, finish_reason=completion.finish_reason,
                                                   stop_reason=completion.stop_reason,
                                                   token_ids=completion.token_ids if ids else None)],
-                                usage_so_far() if request.continuous_usage else None)
+                                usage_so_far() if continuous_usage else None)
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
             yield stream_failure(e)
-        if request.include_usage:
-            yield chunk([], usage_so_far())
+        if include_usage:
+            yield chunk([], usage_so_far(), metrics=self.request_metrics([last], request.n, generated))
         yield SSE_DONE
 
     def _logprobs(self, completion: CompletionOutput, request: ChatCompletionRequest) -> list[ChatLogprobToken]:

@@ -38,6 +38,7 @@ class CompletionServing(ServingBase):
         prompt_ids: dict[int, list[int]] = {}
         prompt_logprobs: dict[int, list | None] = {}
         cached: dict[int, int] = {}
+        outputs: dict[int, RequestOutput] = {}  # per prompt, its last output
         token_ids: dict[int, list[int]] = {}
         as_id = self.tokens_as_ids(request)
         generated = 0
@@ -45,7 +46,7 @@ class CompletionServing(ServingBase):
         def consume(p: int, output: RequestOutput) -> None:
             nonlocal generated
             prompt_ids[p], prompt_logprobs[p] = output.prompt_token_ids, output.prompt_logprobs
-            cached[p] = output.num_cached_tokens
+            cached[p], outputs[p] = output.num_cached_tokens, output
             for completion in output.outputs:
                 index = p * n + completion.index
                 if index not in texts:
@@ -72,20 +73,23 @@ class CompletionServing(ServingBase):
                    for i in sorted(texts)]
         prompt_tokens = sum(len(ids) for ids in prompt_ids.values())
         return CompletionResponse(id=request_id, model=model, choices=choices,
-                                  usage=usage(prompt_tokens, generated, self.cached_tokens(sum(cached.values()))))
+                                  usage=usage(prompt_tokens, generated, self.cached_tokens(sum(cached.values()))),
+                                  metrics=self.request_metrics(list(outputs.values()), n, generated))
 
     async def _stream(self, request_id: str, request: CompletionRequest, streams, model: str) -> AsyncIterator[str]:
         n = request.n
         sent_chars: dict[int, int] = {}  # per choice: characters of text sent so far (logprob text offsets)
         prompt_tokens, cached, generated = {}, {}, 0
+        last: dict[int, RequestOutput] = {}  # per prompt, its last output
         as_id, ids = self.tokens_as_ids(request), request.return_token_ids
+        include_usage, continuous_usage = self.stream_usage(request)
 
         def usage_so_far() -> UsageInfo:
             return usage(sum(prompt_tokens.values()), generated, self.cached_tokens(sum(cached.values())))
 
         try:
             async for p, output in merge(streams):
-                prompt_tokens[p], cached[p] = len(output.prompt_token_ids), output.num_cached_tokens
+                prompt_tokens[p], cached[p], last[p] = len(output.prompt_token_ids), output.num_cached_tokens, output
                 for completion in output.outputs:
                     index = p * n + completion.index
                     text, first = completion.text, index not in sent_chars
@@ -105,12 +109,13 @@ class CompletionServing(ServingBase):
                                               stop_reason=completion.stop_reason,
                                               prompt_token_ids=output.prompt_token_ids if ids and first else None,
                                               token_ids=completion.token_ids if ids else None)
-                    so_far = usage_so_far() if request.continuous_usage else None
+                    so_far = usage_so_far() if continuous_usage else None
                     yield sse(CompletionResponse(id=request_id, model=model, choices=[choice], usage=so_far))
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
             yield stream_failure(e)
-        if request.include_usage:
-            yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=usage_so_far()))
+        if include_usage:
+            yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=usage_so_far(),
+                                         metrics=self.request_metrics(list(last.values()), n, generated)))
         yield SSE_DONE
 
     def _echo(self, request: CompletionRequest, output: RequestOutput) -> str:
