@@ -25,7 +25,8 @@ def flagged(start_server):
                         "--scheduling-policy", "priority", "--return-tokens-as-token-ids",
                         "--enable-prompt-tokens-details", "--enable-server-load-tracking",
                         "--enable-tokenizer-info-endpoint", "--enable-force-include-usage",
-                        "--enable-per-request-metrics", "--root-path", "/llm")
+                        "--enable-per-request-metrics", "--root-path", "/llm", "--allowed-origins",
+                        '["http://app.example"]', "--disable-fastapi-docs")
 
 
 def post(server, path: str, body: dict) -> dict:
@@ -237,11 +238,48 @@ def test_orca_load_report_header(server, report_format):
 
 def test_root_path_and_the_api_key_from_vllm_environment(start_server, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "sekrit")
-    keyed = start_server("--max-model-len", "128", "--root-path", "/llm")
+    keyed = start_server("--max-model-len", "128", "--root-path", "/llm", "--enable-log-requests", "--log-level",
+                         "info")
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
     for prefix in ("", "/llm"):
         url = keyed.url + prefix + "/v1/completions"
         assert httpx.post(url, json=body, timeout=60).status_code == 401
         assert httpx.post(url, json=body, headers={"Authorization": "Bearer sekrit"}, timeout=60).status_code == 200
         assert httpx.get(keyed.url + prefix + "/health", timeout=10).status_code == 200  # open without the key
+    assert "prompt tokens [1], adapter None, priority 0, SamplingParams(" in keyed.log_path.read_text()  # logged
+
+
+def test_cors_and_docs_flags(flagged, server):
+    preflight = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST"}
+    allowed = httpx.options(flagged.url + "/v1/completions", headers=preflight, timeout=10)
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "http://app.example"
+    other = httpx.options(flagged.url + "/v1/completions", headers={**preflight, "Origin": "http://evil.example"},
+                          timeout=10)
+    assert "access-control-allow-origin" not in other.headers
+    assert "access-control-allow-origin" not in httpx.options(server.url + "/v1/completions", headers=preflight,
+                                                              timeout=10).headers  # no CORS without the flag
+    assert httpx.get(flagged.url + "/docs", timeout=10).status_code == 404
+    assert httpx.get(server.url + "/docs", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--allowed-origins", "*"], "argument --allowed-origins: not JSON"),
+    (["--allowed-methods", '{"a": 1}'], "argument --allowed-methods: a JSON list of strings is needed"),
+])
+def test_cors_flags_take_json_lists(flags, error, capsys):
+    from jaxllm.entrypoints.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", *flags])
+    assert error in capsys.readouterr().err
+
+
+def test_request_logging_flags_parse():
+    from jaxllm.entrypoints.openai.api_server import add_serve_args
+    import argparse
+
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    assert parse([]).enable_log_requests is False
+    assert parse(["--enable-log-requests"]).enable_log_requests is True
+    assert parse(["--enable-log-requests", "--disable-log-requests"]).enable_log_requests is False
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from jaxllm.optional_deps import SERVER, require
 
 try:  # the server's own packages; the engine, `LLM` and `jaxllm generate` need neither
     from fastapi import FastAPI, Request
+    from fastapi.middleware.cors import CORSMiddleware
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from pydantic import ValidationError
@@ -35,7 +37,7 @@ import jaxllm
 from jaxllm.chat_renderer import DEFAULT_TIMEOUT_S
 from jaxllm.entrypoints.openai.async_engine import DEFAULT_STALL_TIMEOUT_S, AsyncEngine
 from jaxllm.entrypoints.openai.errors import OpenAIError, UnexpectedErrorsAsOpenAIErrors, error_response
-from jaxllm.entrypoints.openai.guards import RequestGuard
+from jaxllm.entrypoints.openai.guards import RequestGuard, RootPath
 from jaxllm.entrypoints.openai.request_id import RequestIdHeader
 from jaxllm.entrypoints.openai.metrics import ServerMetrics, load_report_header
 from jaxllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, \
@@ -89,6 +91,19 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds requests in flight get to finish after SIGTERM")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--uvicorn-log-level", default=None, help="uvicorn's log level (default: --log-level)")
+    parser.add_argument("--disable-uvicorn-access-log", action="store_true", default=False)
+    parser.add_argument("--enable-log-requests", action="store_true", default=False,
+                        help="log each request: its id, prompt lengths and sampling parameters")
+    parser.add_argument("--disable-log-requests", dest="enable_log_requests", action="store_false",
+                        help="do not log requests (the default; vLLM's older flag)")
+    parser.add_argument("--allowed-origins", type=_json_list, default=[],
+                        help='CORS: origins allowed to call the API, a JSON list (\'["*"]\' for any); none by default')
+    parser.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS: a JSON list of methods")
+    parser.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS: a JSON list of headers")
+    parser.add_argument("--allow-credentials", action="store_true", default=False, help="CORS: allow credentials")
+    parser.add_argument("--disable-fastapi-docs", action="store_true", default=False,
+                        help="no /docs, /redoc or /openapi.json")
     parser.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None, metavar="NAME=PATH",
                         help="LoRA adapters (PEFT directories) served under their own model names, as name=path "
                              "or '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; needs --enable-lora; "
@@ -120,6 +135,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise argparse.ArgumentTypeError(f"a JSON list of strings is needed, got {text!r}")
+    return value
+
+
 def engine_args(args: argparse.Namespace):
     """EngineArgs from the parsed flags; the model is --model or MODEL."""
     from jaxllm.engine.args import EngineArgs
@@ -142,10 +167,11 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
               lora_modules: Sequence[LoRAModule] = (), allow_runtime_lora_updating: bool = False,
               options: ResponseOptions = ResponseOptions(), server_load_tracking: bool = False,
               tokenizer_info_endpoint: bool = False, chat_template_timeout_s: float = DEFAULT_TIMEOUT_S,
-              root_path: str = "") -> FastAPI:
+              root_path: str = "", cors: dict | None = None, docs: bool = True) -> FastAPI:
     """The app over `engine`. lora_modules are registered now (engine.add_lora: ValueError naming the module and
     the problem); allow_runtime_lora_updating adds the load/unload routes, server_load_tracking GET /load and
-    tokenizer_info_endpoint GET /tokenizer_info."""
+    tokenizer_info_endpoint GET /tokenizer_info; cors: CORSMiddleware's arguments (None: no CORS); docs: FastAPI's
+    /docs, /redoc and /openapi.json."""
     metrics = ServerMetrics(served_model_names[0])
     async_engine = AsyncEngine(engine, metrics, max_queue_len, stall_timeout_s)
     models = ServedModels(async_engine, served_model_names)
@@ -161,7 +187,8 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
         async_engine.shutdown()  # uvicorn already waited for the requests in flight
         tokenizers.shutdown()
 
-    app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan, root_path=root_path)
+    no_docs = {} if docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan, **no_docs)
     app.state.async_engine, app.state.metrics, app.state.models = async_engine, metrics, models
     app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits, models, options)
     app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models, options)
@@ -169,6 +196,10 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     app.add_middleware(UnexpectedErrorsAsOpenAIErrors)
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
     app.add_middleware(RequestIdHeader)  # the last added runs first: every response carries the id
+    if cors is not None:
+        app.add_middleware(CORSMiddleware, **cors)  # preflight requests are answered before the key check
+    if root_path:
+        app.add_middleware(RootPath, root_path=root_path)  # outermost: every layer sees the path it strips
     _add_routes(app)
     if allow_runtime_lora_updating:
         logger.warning("runtime LoRA updating is on: any client may load adapters from this host's files")
@@ -388,7 +419,8 @@ def run_server(args: argparse.Namespace) -> int:
     from jaxllm.engine.engine import LLMEngine
     from jaxllm.engine.multiprocess_engine import LeaderEngine, follow
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)  # a handler set up while importing (absl's) would make this a no-op
     # SIGTERM is the normal way to stop the server: uvicorn handles it while serving (graceful shutdown) and
     # re-raises it afterwards, which this handler turns into a clean exit (status 0), as it does during loading.
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -409,11 +441,14 @@ def run_server(args: argparse.Namespace) -> int:
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
                         enable_force_include_usage=args.enable_force_include_usage,
-                        enable_per_request_metrics=args.enable_per_request_metrics),
+                        enable_per_request_metrics=args.enable_per_request_metrics,
+                        enable_log_requests=args.enable_log_requests),
                     server_load_tracking=args.enable_server_load_tracking,
                     tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
-                    chat_template_timeout_s=args.chat_template_timeout, root_path=args.root_path)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                    chat_template_timeout_s=args.chat_template_timeout, root_path=args.root_path,
+                    cors=_cors(args), docs=not args.disable_fastapi_docs)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
+                            access_log=not args.disable_uvicorn_access_log,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     try:
         uvicorn.Server(config).run()  # a SIGTERM ends it with SystemExit (uvicorn re-raises the signal)
@@ -423,6 +458,14 @@ def run_server(args: argparse.Namespace) -> int:
             if engine.lost is not None:
                 _exit_without_the_group(engine.lost)
     return 0
+
+
+def _cors(args: argparse.Namespace) -> dict | None:
+    """CORSMiddleware's arguments from vLLM's flags; None without allowed origins."""
+    if not args.allowed_origins:
+        return None
+    return dict(allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
+                allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
 
 
 def _exit_without_the_group(lost: str) -> None:

@@ -65,3 +65,17 @@ def route_path(scope) -> str:
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root):] or "/" if root and path.startswith(root) else path
 
+
+class RootPath:
+    """--root-path: a request under the prefix (a proxy's path) is routed as the path after it; one without the
+    prefix as it is (vLLM answers both)."""
+
+    def __init__(self, app, root_path: str):
+        self.app = app
+        self.root_path = root_path.rstrip("/")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(self.root_path + "/"):
+            scope = {**scope, "root_path": scope.get("root_path", "") + self.root_path}
+        return await self.app(scope, receive, send)
+

@@ -46,6 +46,7 @@ class ResponseOptions:
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     enable_force_include_usage: bool = False  # every stream carries the usage on every chunk and at its end
     enable_per_request_metrics: bool = False  # responses of one prompt sampled once carry its timing
+    enable_log_requests: bool = False  # log each request: its id, prompt lengths and sampling parameters
 
 
 class ServingBase:
@@ -156,6 +157,10 @@ class ServingBase:
             raise _as_openai_error(e) from None
         if params.stop:  # the stop strings' automaton, built here rather than on the engine thread
             await self.tokenizers.run(lambda _: params.stop_matcher())
+        if self.options.enable_log_requests:
+            logger.info("request %s: prompt tokens %s, adapter %s, priority %d, %s", request_id,
+                        [len(p["prompt_token_ids"]) for p in prompts],
+                        None if lora_request is None else lora_request.lora_name, priority, params)
         streams = []
         try:
             for i, prompt in enumerate(prompts):
