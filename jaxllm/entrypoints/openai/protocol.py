@@ -327,8 +327,13 @@ class CompletionChoice(OpenAIBaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobsField = None
-    prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids (a stream: its first chunk)
-    token_ids: list[int] | None = omitted_when_none()  # return_token_ids: the generated ids (a stream: new ones)
+    prompt_token_ids: list[int] | None = None  # return_token_ids
+    token_ids: list[int] | None = None  # return_token_ids: the generated ids
+
+
+class CompletionStreamChoice(CompletionChoice):
+    prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids: on the choice's first chunk
+    token_ids: list[int] | None = omitted_when_none()  # return_token_ids: this chunk's new ids
 
 
 class PerRequestMetrics(OpenAIBaseModel):
@@ -348,7 +353,12 @@ class CompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
-    metrics: PerRequestMetrics | None = omitted_when_none()  # a stream: on its usage chunk
+    metrics: PerRequestMetrics | None = omitted_when_none()
+
+
+class CompletionStreamResponse(CompletionResponse):
+    choices: list[CompletionStreamChoice]
+    metrics: PerRequestMetrics | None = omitted_when_none()  # on the usage chunk
 
 
 class TopLogprob(OpenAIBaseModel):
@@ -376,7 +386,7 @@ class ChatChoice(OpenAIBaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    token_ids: list[int] | None = omitted_when_none()  # return_token_ids
+    token_ids: list[int] | None = None  # return_token_ids
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -387,7 +397,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_logprobs: PromptLogprobsField = None
-    prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids
+    prompt_token_ids: list[int] | None = None  # return_token_ids
     metrics: PerRequestMetrics | None = omitted_when_none()
 
 

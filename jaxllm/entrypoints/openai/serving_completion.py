@@ -7,7 +7,7 @@ from typing import AsyncIterator
 
 from jaxllm.entrypoints.openai.errors import OpenAIError
 from jaxllm.entrypoints.openai.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, \
-    CompletionResponse, UsageInfo, random_id, usage
+    CompletionResponse, CompletionStreamChoice, CompletionStreamResponse, UsageInfo, random_id, usage
 from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, prompt_logprobs_field, \
     sampled_and_top, sse, stream_failure, token_text
 from jaxllm.outputs import CompletionOutput, RequestOutput
@@ -104,18 +104,18 @@ class CompletionServing(ServingBase):
                             self._add_prompt_logprobs(logprobs, output, request.logprobs, as_id)
                         self._add_logprobs(logprobs, completion, request.logprobs, sent_chars[index], as_id)
                     sent_chars[index] += len(completion.text)
-                    choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                              finish_reason=completion.finish_reason,
-                                              stop_reason=completion.stop_reason,
-                                              prompt_token_ids=output.prompt_token_ids if ids and first else None,
-                                              token_ids=completion.token_ids if ids else None)
+                    choice = CompletionStreamChoice(
+                        index=index, text=text, logprobs=logprobs, finish_reason=completion.finish_reason,
+                        stop_reason=completion.stop_reason,
+                        prompt_token_ids=output.prompt_token_ids if ids and first else None,
+                        token_ids=completion.token_ids if ids else None)
                     so_far = usage_so_far() if continuous_usage else None
-                    yield sse(CompletionResponse(id=request_id, model=model, choices=[choice], usage=so_far))
+                    yield sse(CompletionStreamResponse(id=request_id, model=model, choices=[choice], usage=so_far))
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
             yield stream_failure(e)
         if include_usage:
-            yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=usage_so_far(),
-                                         metrics=self.request_metrics(list(last.values()), n, generated)))
+            yield sse(CompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage_so_far(),
+                                               metrics=self.request_metrics(list(last.values()), n, generated)))
         yield SSE_DONE
 
     def _echo(self, request: CompletionRequest, output: RequestOutput) -> str:
