@@ -136,6 +136,11 @@ def _rope_scaling(r: FieldReader) -> Llama3RopeScaling | None:
         return None
     if kind != "llama3":
         raise scaling.error("rope_type", f"{short_repr(kind)} is not supported (supported: default, llama3)")
+    return llama3_rope_scaling(scaling)
+
+
+def llama3_rope_scaling(scaling: FieldReader) -> Llama3RopeScaling:
+    """Llama3RopeScaling's fields from a config section (the same keys in config.json and a jaxllm checkpoint)."""
     low = scaling.number("low_freq_factor")
     high = scaling.number("high_freq_factor")
     if high <= low:

@@ -40,13 +40,15 @@ def read_json(path: str | os.PathLike, what: str = "a JSON object") -> dict:
     path = Path(path)
     try:
         size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise ModelLoadError(path, f"is {size} bytes, more than the {MAX_JSON_BYTES >> 20} MiB a model's JSON "
-                                 "file may have")
-        value = json.loads(path.read_bytes().decode("utf-8"))
-    except ModelLoadError:
-        raise
-    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        data = None if size > MAX_JSON_BYTES else path.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot be read ({e.strerror or e})") from e
+    if data is None:
+        raise ModelLoadError(path, f"is {size} bytes, more than the {MAX_JSON_BYTES >> 20} MiB a model's JSON file "
+                             "may have")
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ModelLoadError(path, f"not valid JSON ({e})") from e
     if not isinstance(value, dict):
         raise ModelLoadError(path, f"must hold {what}, got {type(value).__name__}")
@@ -133,11 +135,11 @@ class FieldReader:
                              f"{short_repr(value)}")
         return tuple(int(v) for v in ids)
 
-    def section(self, key: str) -> FieldReader | None:
-        """The nested object at `key` as a reader (None when absent)."""
-        value = self.raw(key, None)
+    def section(self, key: str, default: Any = None) -> FieldReader | None:
+        """The nested object at `key` as a reader (the default when absent)."""
+        value = self.values.get(key)
         if value is None:
-            return None
+            return self._default(key, default)
         if not isinstance(value, Mapping):
             raise self.error(key, f"must be an object, got {short_repr(value)}")
         return FieldReader(value, self.source, f"{self.prefix}{key}.")

@@ -18,7 +18,10 @@ from jaxllm.errors import ModelLoadError
 from jaxllm.file_fields import FieldReader, read_json, short_repr
 from jaxllm.loaders import awq
 from jaxllm.loaders.assemble import assemble_params, numpy_dtype, tensor_field
+from jaxllm.loaders.host_memory import check_fits_host
+from jaxllm.loaders.weight_checks import check_weight
 from jaxllm.model.params import LlamaParams
+from jaxllm.model.weights import WeightFormat
 
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 _LAYER_NAMES = {
@@ -66,6 +69,8 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
     hf = read_config_json(model_dir)
     config = _model_config(hf, model_dir)
     awq_config = awq.read_awq_config(hf, model_dir / "config.json", quantization)
+    bytes_per_param = awq.PACKED_BYTES_PER_PARAM if awq_config else np.dtype(numpy_dtype(dtype)).itemsize
+    check_fits_host(config, model_dir / "config.json", bytes_per_param)
     named = (t for f in weight_files(model_dir) for t in _read_file(f))
     layer_names = _LAYER_NAMES
     if awq_config is not None:
@@ -118,7 +123,7 @@ def _fields(named: Iterator[tuple[Path, str, Any]], config: ModelConfig, layer_n
             raise ModelLoadError(path, f"unexpected tensor {name!r}")
         if field == "lm_head" and config.tie_word_embeddings:
             continue  # tied: the output projection is the embedding
-        yield field, layer, name, weight
+        yield field, layer, name, weight if isinstance(weight, WeightFormat) else check_weight(weight, name, path)
 
 
 def _read_file(path: Path) -> Iterator[tuple[Path, str, np.ndarray]]:
