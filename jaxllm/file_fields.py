@@ -7,7 +7,7 @@ file's JSON object with the size of the file bounded, so that no hostile file is
 
     r = FieldReader(json_dict, "model/config.json")
     r.integer("num_hidden_layers")                  # required: an int in [1, MAX_INT]
-    r.number("rms_norm_eps", 1e-6, maximum=1.0)     # a finite real in (0, 1], 1e-6 when absent
+    r.number("rms_norm_eps", 1e-6, maximum=1.0)     # a finite real in (0, 1], 1e-6 when absent or null
 """
 
 from __future__ import annotations
@@ -96,9 +96,10 @@ class FieldReader:
             return self._default(key, default)
         low_ok = _is_real(value) and (value >= minimum if allow_minimum else value > minimum)
         if not low_ok or not math.isfinite(value) or value > maximum:
-            bounds = f"{'>=' if allow_minimum else '>'} {minimum:g}" + (f" and <= {maximum:g}" if maximum < math.inf
-                                                                        else "")
-            raise self.error(key, f"must be a finite number {bounds}, got {short_repr(value)}")
+            kind = "a positive number" if minimum == 0 and not allow_minimum else \
+                f"a number {'>=' if allow_minimum else '>'} {minimum:g}"
+            upper = f" <= {maximum:g}" if maximum < math.inf else ""
+            raise self.error(key, f"must be {kind}{upper} (finite), got {short_repr(value)}")
         return float(value)
 
     def flag(self, key: str, default: Any = REQUIRED) -> Any:

@@ -115,7 +115,7 @@ def edit_description(directory, **changes):
     (dict(num_layers=1), r"its config does not describe the saved arrays: layers\.1\.attn_norm"),
     (dict(tie_word_embeddings=True), r"its config does not describe the saved arrays: lm_head"),
     (dict(num_layers="2"), r"config\.num_layers must be an integer"),
-    (dict(rope_theta=float("nan")), r"config\.rope_theta must be a finite number > 0, got nan"),
+    (dict(rope_theta=float("nan")), r"config\.rope_theta must be a positive number \(finite\), got nan"),
     (dict(num_layers=10**9), r"the config describes .* parameters \(num_layers 1000000000"),
     (dict(extra=1), r"unknown field config\.extra"),
 ], ids=lambda v: None if isinstance(v, dict) else "")
