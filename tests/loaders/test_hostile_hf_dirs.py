@@ -93,3 +93,16 @@ def test_index_shards_outside_the_model_directory_are_refused_unread(model, tmp_
                                              r"file inside the model directory"):
         load_model(model)
     assert not opened
+
+
+def test_a_model_claiming_an_absurd_context_serves_within_its_kv_cache(model):
+    from jaxllm import LLM, SamplingParams
+
+    edit_config(model, max_position_embeddings=2**31 - 1)
+    llm = LLM(str(model), skip_tokenizer=True, max_num_seqs=2, max_num_batched_tokens=16,
+              kv_cache_memory_bytes=1 << 20, block_size=16)
+    blocks = llm.engine.cache_config.num_blocks
+    assert llm.engine.scheduler_config.max_model_len == (blocks - 1) * 16 < 2**16
+    out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=3, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
