@@ -28,7 +28,7 @@ import numpy as np
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
 from jaxllm.file_fields import FieldReader, read_json, short_repr
-from jaxllm.loaders.weight_checks import check_weight
+from jaxllm.loaders.weight_checks import all_finite, check_weight
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -191,5 +191,15 @@ def _fuse(modules, adapter_config: dict, config: ModelConfig, max_rank: int, dty
                 a[layer, p * max_rank:p * max_rank + rank] = pair["A"]
                 b[layer, row:row + out_sizes[module], p * max_rank:p * max_rank + rank] = pair["B"] * scaling
             row += out_sizes[module]
-        adapter[field] = (a.astype(dtype), b.astype(dtype))
+        adapter[field] = (a.astype(dtype), _scaled_b(b, dtype, alpha, field, weights_path))
     return adapter
+
+
+def _scaled_b(b: np.ndarray, dtype, alpha: float, field: str, weights_path: str) -> np.ndarray:
+    """b (scaling folded in) in `dtype`; ModelLoadError naming the config when the scaling overflows it."""
+    b = b.astype(dtype)
+    if not all_finite(b):
+        raise ModelLoadError(os.path.join(os.path.dirname(weights_path), CONFIG_FILE),
+                             f"lora_alpha {alpha:g} scales the {field} lora_B weights beyond the range of "
+                             f"{np.dtype(dtype).name}")
+    return b

@@ -18,6 +18,7 @@ Q_B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
     (dict(lora_alpha=float("inf")), r"lora_alpha must be a positive number \(finite\), got inf"),
     (dict(r=float("nan")), r"r must be a positive number \(finite\), got nan"),
     (dict(r=[4]), r"r must be a positive number \(finite\), got \[4\]"),
+    (dict(lora_alpha=1e308), r"lora_alpha 1e\+308 scales the w_qkv lora_B weights beyond the range of float32"),
     (dict(use_rslora="yes"), r"use_rslora must be true or false, got 'yes'"),
     (dict(target_modules=5), r"target_modules must be a list of module names or a pattern, got 5"),
     (dict(target_modules=[["q_proj"]]), r"target_modules must be a list of strings"),
