@@ -78,7 +78,9 @@ def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None)
     np_dtype = numpy_dtype(dtype or saved_dtype)
     check_fits_host(config, path / ORBAX_MARKER, np.dtype(np_dtype).itemsize)
     target = abstract_params(config, np_dtype)
-    _check_saved_shapes(path, target)
+    saved = _saved_shapes(path)
+    if saved is not None:  # before anything is read
+        _check_shapes(path / ORBAX_MARKER, _shapes(target), saved)
     if shardings is not None:
         target = jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                         target, shardings)
@@ -86,6 +88,7 @@ def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None)
         params = _restore(path / "params", target, to_host=shardings is None)
     except Exception as e:
         raise ModelLoadError(path / "params", f"cannot restore params: {e}") from e
+    _check_shapes(path / ORBAX_MARKER, _shapes(target), _shapes(params))  # what was read, whatever the metadata
     for name, array in _named_leaves(params):
         if not (all_finite(array) if isinstance(array, np.ndarray) else bool(jnp.isfinite(array).all())):
             raise ModelLoadError(path / "params", f"tensor {name!r} holds NaN or infinite values")
@@ -103,17 +106,20 @@ def _restore(path: Path, target: LlamaParams, to_host: bool) -> LlamaParams:
         return checkpointer.restore(path, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
 
 
-def _check_saved_shapes(path: Path, target: LlamaParams) -> None:
-    """ModelLoadError naming the description when its config implies other arrays than params/ holds."""
+def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """name -> shape of each array saved in params/, from orbax's metadata (nothing is read); None when this
+    orbax version's metadata does not have that form, or cannot be read (restoring then says what is wrong)."""
     try:
         with ocp.PyTreeCheckpointer() as checkpointer:
             metadata = checkpointer.metadata(path / "params")
         tree = getattr(metadata, "item_metadata", metadata)  # newer orbax wraps the tree in step metadata
-        saved = {name: tuple(leaf.shape) for name, leaf in _named_leaves(getattr(tree, "tree", tree))}
-    except Exception as e:
-        raise ModelLoadError(path / "params", f"cannot read the saved arrays' metadata: {e}") from e
-    wanted = {name: tuple(leaf.shape) for name, leaf in _named_leaves(target)}
-    marker = path / ORBAX_MARKER
+        return _shapes(getattr(tree, "tree", tree))
+    except Exception:
+        return None
+
+
+def _check_shapes(marker: Path, wanted: dict[str, tuple], saved: dict[str, tuple]) -> None:
+    """ModelLoadError naming the description when its config implies other arrays than params/ holds."""
     for names, what in ((wanted.keys() - saved.keys(), "implies arrays that params/ lacks"),
                         (saved.keys() - wanted.keys(), "does not describe the saved arrays")):
         if names:
@@ -123,6 +129,10 @@ def _check_saved_shapes(path: Path, target: LlamaParams) -> None:
     if wrong:
         raise ModelLoadError(marker, f"its config implies {wrong[0]} of shape {wanted[wrong[0]]}, but params/ holds "
                              f"{saved[wrong[0]]}" + (f" ({len(wrong)} arrays disagree)" if len(wrong) > 1 else ""))
+
+
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(leaf.shape) for name, leaf in _named_leaves(tree)}
 
 
 def _named_leaves(tree) -> list[tuple[str, Any]]:

@@ -126,6 +126,19 @@ def test_checkpoint_description_that_disagrees_is_refused_at_load(checkpoint, tm
         load_model(copy)
 
 
+@pytest.mark.parametrize("changes, message", [
+    (dict(hidden_size=32), r"its config implies embed of shape \(256, 32\), but params/ holds \(256, 64\)"),
+    (dict(num_kv_heads=2), r"its config implies layers\.0\.w_qkv of shape \(128, 64\)"),
+])
+def test_without_orbax_metadata_the_restored_arrays_are_compared(checkpoint, tmp_path, monkeypatch, changes,
+                                                                  message):
+    monkeypatch.setattr("jaxllm.loaders.orbax._saved_shapes", lambda path: None)  # an orbax without that metadata
+    copy = shutil.copytree(checkpoint, tmp_path / "ckpt")
+    edit_description(copy, **changes)
+    with pytest.raises(ModelLoadError, match=r"jaxllm_checkpoint\.json: " + message):
+        load_model(copy)
+
+
 def test_checkpoint_with_non_finite_params_is_refused(tiny_model_dir, tmp_path):
     loaded = load_model(tiny_model_dir("llama2")[0])
     layer = loaded.params.layers[1]
