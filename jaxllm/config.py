@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 from jaxllm.errors import ModelLoadError
+from jaxllm.file_fields import MAX_INT, FieldReader, short_repr
 
 # Hugging Face `architectures[0]` -> the family name used inside jaxllm.
 SUPPORTED_ARCHITECTURES = {
@@ -51,45 +53,47 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a finite number > 0, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if not all(isinstance(t, int) and t >= 0 for t in self.eos_token_ids):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_INT for t in self.eos_token_ids):
             raise ValueError(f"ModelConfig.eos_token_ids must be token ids >= 0, got {self.eos_token_ids!r}")
 
     @classmethod
     def from_hf_config(cls, hf: Mapping[str, Any], source: str = "config.json") -> "ModelConfig":
-        """Build from a Hugging Face config.json dict; `source` names the file in error messages."""
-        archs = hf.get("architectures") or []
-        arch = SUPPORTED_ARCHITECTURES.get(archs[0]) if archs else None
-        if arch is None:
-            raise ModelLoadError(source, f"unknown architecture {archs or hf.get('model_type')!r}; "
-                                 f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-        _reject_unsupported_features(hf, source)
-        num_heads = _required(hf, "num_attention_heads", source)
-        hidden = _required(hf, "hidden_size", source)
+        """Build from a Hugging Face config.json dict; `source` names the file in error messages. Every field is
+        checked as it is read (file_fields.FieldReader): a bad one is a ModelLoadError naming it."""
+        r = FieldReader(hf, source)
+        arch = _architecture(r)
+        _reject_unsupported_features(r)
+        num_heads, hidden = r.integer("num_attention_heads"), r.integer("hidden_size")
+        fields = dict(
+            architecture=arch,
+            vocab_size=r.integer("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=r.integer("intermediate_size"),
+            num_layers=r.integer("num_hidden_layers"),
+            num_heads=num_heads,
+            num_kv_heads=r.integer("num_key_value_heads", num_heads),
+            head_dim=r.integer("head_dim", hidden // num_heads),
+            rms_norm_eps=r.number("rms_norm_eps", 1e-6, maximum=1.0),
+            rope_theta=_rope_theta(r),
+            rope_scaling=_rope_scaling(r),
+            max_position_embeddings=r.integer("max_position_embeddings", 4096),
+            tie_word_embeddings=r.flag("tie_word_embeddings", False),
+            qkv_bias=arch == "qwen2",
+            sliding_window=_sliding_window(r, arch),
+            bos_token_id=r.integer("bos_token_id", None, minimum=0),
+            eos_token_ids=r.token_ids("eos_token_id"),
+        )
         try:
-            return cls(
-                architecture=arch,
-                vocab_size=_required(hf, "vocab_size", source),
-                hidden_size=hidden,
-                intermediate_size=_required(hf, "intermediate_size", source),
-                num_layers=_required(hf, "num_hidden_layers", source),
-                num_heads=num_heads,
-                num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-                head_dim=hf.get("head_dim") or hidden // num_heads,
-                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(_rope_theta(hf)),
-                rope_scaling=_rope_scaling(hf, source),
-                max_position_embeddings=hf.get("max_position_embeddings", 4096),
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                qkv_bias=arch == "qwen2",
-                sliding_window=_sliding_window(hf, arch),
-                bos_token_id=hf.get("bos_token_id"),
-                eos_token_ids=merge_token_ids(hf.get("eos_token_id")),
-            )
+            return cls(**fields)
         except ValueError as e:
             raise ModelLoadError(source, str(e)) from e
 
@@ -98,51 +102,65 @@ def merge_token_ids(*values: int | list[int] | tuple[int, ...] | None) -> tuple[
     """The ids named by each value (an id, a list of ids, or None), in order of first appearance, without repeats."""
     ids: list[int] = []
     for value in values:
-        ids += [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
-    return tuple(dict.fromkeys(ids))
+        for token_id in [] if value is None else value if isinstance(value, (list, tuple)) else [value]:
+            if token_id not in ids:  # by equality: a value read from a file may be unhashable (ModelConfig refuses it)
+                ids.append(token_id)
+    return tuple(ids)
 
 
-def _required(hf: Mapping[str, Any], key: str, source: str):
-    if key not in hf:
-        raise ModelLoadError(source, f"missing required field {key!r}")
-    return hf[key]
+def _architecture(r: FieldReader) -> str:
+    archs = r.text_list("architectures")
+    arch = SUPPORTED_ARCHITECTURES.get(archs[0]) if archs else None
+    if arch is None:
+        named = archs or r.raw("model_type", None)
+        raise ModelLoadError(r.source, f"unknown architecture {short_repr(named)}; "
+                             f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+    return arch
 
 
-def _rope_theta(hf: Mapping[str, Any]) -> float:
-    if "rope_theta" in hf:
-        return hf["rope_theta"]
-    params = hf.get("rope_parameters") or {}  # newer transformers nest it here
-    return params.get("rope_theta", 10000.0)
+def _rope_theta(r: FieldReader) -> float:
+    if r.has("rope_theta"):
+        return r.number("rope_theta")
+    params = r.section("rope_parameters")  # newer transformers nest it here
+    return 10000.0 if params is None else params.number("rope_theta", 10000.0)
 
 
-def _rope_scaling(hf: Mapping[str, Any], source: str) -> Llama3RopeScaling | None:
-    scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
-    if not scaling:
+def _rope_scaling(r: FieldReader) -> Llama3RopeScaling | None:
+    scaling = r.section("rope_scaling")
+    if scaling is None or not scaling.values:
+        scaling = r.section("rope_parameters")
+    if scaling is None or not scaling.values:
         return None
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind = scaling.text("rope_type", None) or scaling.text("type", "default")
     if kind == "default":
         return None
     if kind != "llama3":
-        raise ModelLoadError(source, f"rope_scaling type {kind!r} is not supported (supported: default, llama3)")
-    return Llama3RopeScaling(
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-    )
+        raise scaling.error("rope_type", f"{short_repr(kind)} is not supported (supported: default, llama3)")
+    return llama3_rope_scaling(scaling)
 
 
-def _sliding_window(hf: Mapping[str, Any], arch: str) -> int | None:
-    if arch == "qwen2" and not hf.get("use_sliding_window", False):
+def llama3_rope_scaling(scaling: FieldReader) -> Llama3RopeScaling:
+    """Llama3RopeScaling's fields from a config section (the same keys in config.json and a jaxllm checkpoint)."""
+    low = scaling.number("low_freq_factor")
+    high = scaling.number("high_freq_factor")
+    if high <= low:
+        raise scaling.error("high_freq_factor", f"must be above low_freq_factor ({low}), got {high}")
+    return Llama3RopeScaling(factor=scaling.number("factor"), low_freq_factor=low, high_freq_factor=high,
+                             original_max_position_embeddings=scaling.integer("original_max_position_embeddings"))
+
+
+def _sliding_window(r: FieldReader, arch: str) -> int | None:
+    if arch == "qwen2" and not r.flag("use_sliding_window", False):
         return None
-    return hf.get("sliding_window")
+    return r.integer("sliding_window", None)
 
 
-def _reject_unsupported_features(hf: Mapping[str, Any], source: str) -> None:
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(source, f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ModelLoadError(source, "attention_bias/mlp_bias on a Llama-family model is not supported")
+def _reject_unsupported_features(r: FieldReader) -> None:
+    act = r.text("hidden_act", "silu")
+    if act != "silu":
+        raise ModelLoadError(r.source, f"hidden_act {short_repr(act)} is not supported (only 'silu')")
+    if r.flag("attention_bias", False) or r.flag("mlp_bias", False):
+        raise ModelLoadError(r.source, "attention_bias/mlp_bias on a Llama-family model is not supported")
 
 
 @dataclasses.dataclass(frozen=True)

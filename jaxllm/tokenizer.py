@@ -24,7 +24,9 @@ def load_tokenizer(source: ModelSource):
 
         directory = path / "tokenizer" if source.kind == "orbax" else path
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError) as e:
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
         raise ModelLoadError(path, f"cannot load a tokenizer from it: {e}") from e
 
 

@@ -12,7 +12,7 @@ import numbers
 import os
 import re
 import typing
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -59,7 +59,7 @@ class EngineArgs:
     quantization: str | None = _arg(None, "how the checkpoint's weights are quantized: awq (AutoAWQ GEMM int4, "
                                           "kept packed on the device); unset: read from its config.json")
     max_model_len: int | None = _arg(None, "tokens one sequence may hold, prompt + output; unset: the model's "
-                                           "max_position_embeddings")
+                                           "max_position_embeddings, at most what the KV cache holds")
     max_num_seqs: int = _arg(64, "sequences per engine step")
     max_num_batched_tokens: int = _arg(512, "tokens per engine step (the token budget)")
     block_size: int = _arg(16, "tokens per KV cache block, a power of two")
@@ -150,7 +150,10 @@ class EngineArgs:
             jax.config.update("jax_compilation_cache_dir", self.compilation_cache_dir)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
-    def resolve(self, loaded) -> tuple[SchedulerConfig, CacheConfig]:
+    def resolve(self, loaded, agree_on_blocks: Callable[[int], int] | None = None
+                ) -> tuple[SchedulerConfig, CacheConfig]:
+        """The scheduler and cache configs for `loaded`. agree_on_blocks(n): the block count every process can
+        hold, given this one's n (several processes run one pool shape)."""
         config = loaded.config
         max_model_len = self.max_model_len or config.max_position_embeddings
         if max_model_len > config.max_position_embeddings:
@@ -159,14 +162,29 @@ class EngineArgs:
         if config.sliding_window is not None and max_model_len > config.sliding_window:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's sliding_window "
                              f"{config.sliding_window}, which jaxllm does not implement yet")
+        num_blocks = self._num_blocks(loaded, max_model_len)
+        num_blocks = num_blocks if agree_on_blocks is None else agree_on_blocks(num_blocks)
+        if self.max_model_len is None:
+            max_model_len = self._default_max_model_len(config.max_position_embeddings, num_blocks)
         scheduler = SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                     max_num_batched_tokens=self.max_num_batched_tokens,
                                     max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
                                     policy=self.scheduling_policy)
-        cache = CacheConfig(block_size=self.block_size, num_blocks=self._num_blocks(loaded, max_model_len),
+        cache = CacheConfig(block_size=self.block_size, num_blocks=num_blocks,
                             enable_prefix_caching=self.enable_prefix_caching)
         logger.info("KV cache: %d blocks of %d tokens", cache.num_blocks, cache.block_size)
         return scheduler, cache
+
+    def _default_max_model_len(self, max_position_embeddings: int, num_blocks: int) -> int:
+        """Unset, max_model_len is the model's context, at most what the KV pool holds (one sequence in every
+        usable block): each request's host state is sized by max_model_len, so a model that claims a context
+        far beyond the pool (max_position_embeddings = 2**31 - 1) must not make every request allocate for it."""
+        pool_tokens = (num_blocks - 1) * self.block_size  # block 0 is the null block
+        if max_position_embeddings <= pool_tokens:
+            return max_position_embeddings
+        logger.warning("max_model_len is %d, what the KV cache holds, not the model's max_position_embeddings %d: "
+                       "set max_model_len (and the KV cache size) to change it", pool_tokens, max_position_embeddings)
+        return pool_tokens
 
     def _num_blocks(self, loaded, max_model_len: int) -> int:
         if self.num_gpu_blocks is not None:

@@ -64,9 +64,8 @@ class LLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
-        self.scheduler_config, self.cache_config = args.resolve(self.loaded)
-        self.cache_config = dataclasses.replace(  # every process's pool must have the same shape
-            self.cache_config, num_blocks=distributed.agree_on_minimum(self.cache_config.num_blocks))
+        # every process's pool (and so the default max_model_len) must have the same shape
+        self.scheduler_config, self.cache_config = args.resolve(self.loaded, distributed.agree_on_minimum)
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
         self.lora_config = args.lora_config()  # None unless enable_lora

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from jaxllm.errors import ModelLoadError
+from jaxllm.loaders.weight_checks import check_weight
 from jaxllm.model.awq_weight import AWQWeight
 from pallas_kernels.awq_matmul import repack, with_scale_dtype
 
@@ -32,6 +33,7 @@ QUANTIZATION_METHODS = ("awq",)  # what `quantization=` / --quantization accept
 LINEAR_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # the linears AutoAWQ quantizes in a Llama
 PARTS = ("qweight", "qzeros", "scales")
+PACKED_BYTES_PER_PARAM = 0.5  # int4: the least host memory an AWQ checkpoint's parameters can take
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +145,7 @@ def _weight(module: str, parts: dict[str, tuple[Path, np.ndarray]], group_size: 
     for path, part, array in ((qw_path, "qweight", qweight), (qz_path, "qzeros", qzeros)):
         if array.dtype != np.int32:
             raise ModelLoadError(path, f"tensor '{module}.{part}' is {array.dtype}, AWQ packs int4 into int32")
-    if scales.dtype.kind != "f":
-        raise ModelLoadError(s_path, f"tensor '{module}.scales' is {scales.dtype}, expected a float type")
+    check_weight(scales, f"{module}.scales", s_path)
     if qweight.ndim != 2 or qweight.shape[0] % group_size:
         raise ModelLoadError(qw_path, f"tensor '{module}.qweight' has shape {qweight.shape}: expected "
                              f"[K, N/8] with K a multiple of the group size {group_size}")

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 
 from jaxllm.config import ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
-from jaxllm.loaders.assemble import assemble_params, tensor_field
+from jaxllm.file_fields import FieldReader, short_repr
+from jaxllm.loaders.assemble import assemble_params, numpy_dtype, tensor_field
+from jaxllm.loaders.host_memory import check_fits_host
+from jaxllm.loaders.weight_checks import check_weight
 from jaxllm.model.params import LlamaParams
 from jaxllm.optional_deps import GGUF, require
 
@@ -48,40 +51,52 @@ def open_gguf(path: Path) -> GGUFReader:
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if _last_opened is not None and _last_opened[0] == key:
         return _last_opened[1]
-    gguf = require("gguf", GGUF)
+    require("gguf", GGUF)
+    from jaxllm.loaders.gguf_reader import BoundedGGUFReader  # needs the gguf package
+
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = BoundedGGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad or short files
         raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from e
     _last_opened = (key, reader)
     return reader
 
 
+def gguf_metadata(reader: GGUFReader, path: Path) -> FieldReader:
+    """The file's metadata, each value checked as it is read (file_fields.FieldReader)."""
+    return FieldReader(_Metadata(reader, path), path)
+
+
 def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
-    arch = _field(reader, "general.architecture", path)
+    meta = gguf_metadata(reader, path)
+    arch = meta.text("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(path, f"unknown architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-    num_heads = _field(reader, f"{arch}.attention.head_count", path)
-    hidden = _field(reader, f"{arch}.embedding_length", path)
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
+        raise ModelLoadError(path, f"unknown architecture {short_repr(arch)}; supported: "
+                             f"{sorted(SUPPORTED_ARCHITECTURES)}")
+    scaling = meta.text(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ModelLoadError(path, f"GGUF rope scaling type {short_repr(scaling)} is not supported")
+    num_heads = meta.integer(f"{arch}.attention.head_count")
+    hidden = meta.integer(f"{arch}.embedding_length")
+    fields = dict(
+        architecture=SUPPORTED_ARCHITECTURES[arch],
+        vocab_size=_vocab_size(meta, reader, arch),
+        hidden_size=hidden,
+        intermediate_size=meta.integer(f"{arch}.feed_forward_length"),
+        num_layers=meta.integer(f"{arch}.block_count"),
+        num_heads=num_heads,
+        num_kv_heads=meta.integer(f"{arch}.attention.head_count_kv", num_heads),
+        head_dim=meta.integer(f"{arch}.attention.key_length", hidden // num_heads),
+        rms_norm_eps=meta.number(f"{arch}.attention.layer_norm_rms_epsilon", maximum=1.0),
+        rope_theta=meta.number(f"{arch}.rope.freq_base", 10000.0),
+        max_position_embeddings=meta.integer(f"{arch}.context_length", 4096),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        qkv_bias=arch == "qwen2",
+        bos_token_id=meta.integer("tokenizer.ggml.bos_token_id", None, minimum=0),
+        eos_token_ids=merge_token_ids(*(meta.integer(key, None, minimum=0) for key in EOS_KEYS)),
+    )
     try:
-        return ModelConfig(
-            architecture=SUPPORTED_ARCHITECTURES[arch],
-            vocab_size=_vocab_size(reader, arch, path),
-            hidden_size=hidden,
-            intermediate_size=_field(reader, f"{arch}.feed_forward_length", path),
-            num_layers=_field(reader, f"{arch}.block_count", path),
-            num_heads=num_heads,
-            num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", path, num_heads),
-            head_dim=_field(reader, f"{arch}.attention.key_length", path, hidden // num_heads),
-            rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path)),
-            rope_theta=float(_field(reader, f"{arch}.rope.freq_base", path, 10000.0)),
-            max_position_embeddings=_field(reader, f"{arch}.context_length", path, 4096),
-            tie_word_embeddings=not has_output,
-            qkv_bias=arch == "qwen2",
-            bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", path, None),
-            eos_token_ids=merge_token_ids(*(_field(reader, key, path, None) for key in EOS_KEYS)),
-        )
+        return ModelConfig(**fields)
     except ValueError as e:
         raise ModelLoadError(path, f"inconsistent metadata: {e}") from e
 
@@ -90,22 +105,20 @@ def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaPar
     """The config and host (numpy) params, dequantized and cast to dtype tensor by tensor."""
     reader = open_gguf(path)
     config = gguf_config(reader, path)
-    scaling = _field(reader, f"{_arch(reader)}.rope.scaling.type", path, "none")
-    if scaling != "none":
-        raise ModelLoadError(path, f"GGUF rope scaling type {scaling!r} is not supported")
+    check_fits_host(config, path, np.dtype(numpy_dtype(dtype)).itemsize)
     return config, assemble_params(config, _tensors(reader, config, path), source=str(path), dtype=dtype)
 
 
 def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
     from gguf.quants import dequantize  # the reader came from open_gguf, so the package is there
 
-    permute_qk = _arch(reader) == "llama"  # llama.cpp's converter reorders Q/K rows only for this architecture
+    permute_qk = config.architecture == "llama"  # llama.cpp's converter reorders Q/K rows only for this one
     for tensor in reader.tensors:
         field, layer = tensor_field(tensor.name, _GLOBAL_NAMES, _LAYER_RE, _LAYER_NAMES)
         if field is None:
             if tensor.name == "rope_freqs.weight":
                 raise ModelLoadError(path, "rope_freqs.weight (GGUF rope frequency factors) is not supported")
-            raise ModelLoadError(path, f"unexpected tensor {tensor.name!r}")
+            raise ModelLoadError(path, f"unexpected tensor {short_repr(tensor.name)}")
         if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
             raise ModelLoadError(path, f"tensor {tensor.name!r} has unsupported GGUF type {tensor.tensor_type.name}; "
                                  f"supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))}")
@@ -113,6 +126,7 @@ def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tu
             array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         except Exception as e:
             raise ModelLoadError(path, f"cannot dequantize tensor {tensor.name!r}: {e}") from e
+        check_weight(array, tensor.name, path)
         if permute_qk and field in ("wq", "bq"):
             array = unpermute_rope_rows(array, config.num_heads)
         elif permute_qk and field in ("wk", "bk"):
@@ -132,27 +146,30 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return split.swapaxes(1, 2).reshape(w.shape)  # [H, 2, D/2, ...]: first halves, then second halves
 
 
-def _arch(reader: GGUFReader) -> str:
-    return reader.fields["general.architecture"].contents()
+class _Metadata(Mapping):
+    """The GGUF metadata as a mapping of key -> value (ReaderField.contents(), converted when it is read)."""
+
+    def __init__(self, reader: GGUFReader, path: Path):
+        self.fields, self.path = reader.fields, path
+
+    def __getitem__(self, key: str) -> Any:
+        field = self.fields[key]
+        try:
+            return field.contents()
+        except Exception as e:  # a string that is not UTF-8, an array of an odd type
+            raise ModelLoadError(self.path, f"metadata {key!r} cannot be read: {e}") from e
+
+    def __iter__(self):
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
 
 
-_MISSING = object()
-
-
-def _field(reader: GGUFReader, key: str, path: Path, default: Any = _MISSING) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        if default is _MISSING:
-            raise ModelLoadError(path, f"GGUF metadata lacks required key {key!r}")
-        return default
-    return field.contents()
-
-
-def _vocab_size(reader: GGUFReader, arch: str, path: Path) -> int:
-    size = _field(reader, f"{arch}.vocab_size", path, None)
-    if size is None:
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        if tokens is None:
-            raise ModelLoadError(path, f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-        size = len(tokens.data)
-    return int(size)
+def _vocab_size(meta: FieldReader, reader: GGUFReader, arch: str) -> int:
+    if meta.has(f"{arch}.vocab_size"):
+        return meta.integer(f"{arch}.vocab_size")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ModelLoadError(meta.source, f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    return len(tokens.data)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxllm.loaders.gguf import open_gguf
+from jaxllm.loaders.gguf import gguf_metadata, open_gguf
 
 SPECIAL_TOKEN_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
                      "pad_token": "padding_token_id"}
@@ -28,8 +28,10 @@ def load_gguf_tokenizer(path: Path):
     tokenizer_dict, config = grouped["tokenizer"], grouped["tokenizer_config"]
     if tokenizer_dict.get("tokenizer_type") == "llama":  # sentencepiece vocabularies add BOS unless told not to
         config.setdefault("add_bos_token", True)
-    for name, key in SPECIAL_TOKEN_IDS.items():
-        token_id = metadata.get(f"tokenizer.ggml.{key}")
-        config[name] = tokenizer_dict["tokens"][token_id] if token_id is not None else None
+    tokens = tokenizer_dict["tokens"]
+    special = gguf_metadata(reader, path)
+    for name, key in SPECIAL_TOKEN_IDS.items():  # ids checked against the vocabulary they index
+        token_id = special.integer(f"tokenizer.ggml.{key}", None, minimum=0, maximum=len(tokens) - 1)
+        config[name] = tokens[token_id] if token_id is not None else None
     backend, extra = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
     return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)

@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxllm.config import Llama3RopeScaling, ModelConfig
+from jaxllm.config import SUPPORTED_ARCHITECTURES, ModelConfig, llama3_rope_scaling
 from jaxllm.errors import ModelLoadError
-from jaxllm.loaders.assemble import numpy_dtype
+from jaxllm.file_fields import REQUIRED, FieldReader, read_json, short_repr
+from jaxllm.loaders.assemble import DTYPES, numpy_dtype
+from jaxllm.loaders.host_memory import check_fits_host
+from jaxllm.loaders.weight_checks import all_finite
 from jaxllm.loaders.resolve import ORBAX_MARKER
 from jaxllm.model.params import LlamaParams, abstract_params, params_dtype
 from jaxllm.model.weights import WeightFormat
@@ -47,33 +51,48 @@ def save_checkpoint(path: str | Path, config: ModelConfig, params: LlamaParams, 
 
 
 def read_checkpoint_config(path: Path) -> tuple[ModelConfig, str]:
+    """The checkpoint's ModelConfig and saved dtype, from its description, every field checked as it is read."""
     marker = path / ORBAX_MARKER
     try:
-        meta = json.loads(marker.read_text())
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ModelLoadError(marker, f"format_version {meta.get('format_version')!r} is not "
-                                 f"{FORMAT_VERSION}: this checkpoint was written by another jaxllm version (1 "
-                                 "stacked the layers); save it again from the original model")
-        return _config_from_dict(meta["config"]), meta["dtype"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ModelLoadError(marker, f"not a valid jaxllm checkpoint description ({e!r})") from e
+        meta = FieldReader(read_json(marker), marker)
+    except ModelLoadError as e:
+        raise ModelLoadError(marker, f"not a valid jaxllm checkpoint description ({e.problem})") from e
+    version = meta.raw("format_version", None)
+    if version != FORMAT_VERSION:
+        raise ModelLoadError(marker, f"format_version {short_repr(version)} is not {FORMAT_VERSION}: this checkpoint "
+                             "was written by another jaxllm version (1 stacked the layers); save it again from the "
+                             "original model")
+    return _config(meta.section("config", REQUIRED)), meta.text("dtype", choices=DTYPES)
 
 
 def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None) -> tuple[ModelConfig, LlamaParams]:
     """Restore params cast to `dtype` (None: as saved). Without `shardings` they come back as numpy arrays on the
     host, for loaders.place_model to put on their devices (split over a mesh, each device gets only its part: the
     saved ordinary layout is not the tensor-parallel one, so it cannot be read straight into it); `shardings` (a
-    LlamaParams of jax.sharding.Sharding) places each array as it is read instead."""
+    LlamaParams of jax.sharding.Sharding) places each array as it is read instead.
+
+    Before anything is read, the description's config must fit in host memory and describe exactly the saved
+    arrays (names and shapes, from orbax's metadata); each restored array must be finite."""
     path = Path(path).absolute()
     config, saved_dtype = read_checkpoint_config(path)
-    target = abstract_params(config, numpy_dtype(dtype or saved_dtype))
+    np_dtype = numpy_dtype(dtype or saved_dtype)
+    check_fits_host(config, path / ORBAX_MARKER, np.dtype(np_dtype).itemsize)
+    target = abstract_params(config, np_dtype)
+    saved = _saved_shapes(path)
+    if saved is not None:  # before anything is read
+        _check_shapes(path / ORBAX_MARKER, _shapes(target), saved)
     if shardings is not None:
         target = jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                         target, shardings)
     try:
-        return config, _restore(path / "params", target, to_host=shardings is None)
+        params = _restore(path / "params", target, to_host=shardings is None)
     except Exception as e:
         raise ModelLoadError(path / "params", f"cannot restore params: {e}") from e
+    _check_shapes(path / ORBAX_MARKER, _shapes(target), _shapes(params))  # what was read, whatever the metadata
+    for name, array in _named_leaves(params):
+        if not (all_finite(array) if isinstance(array, np.ndarray) else bool(jnp.isfinite(array).all())):
+            raise ModelLoadError(path / "params", f"tensor {name!r} holds NaN or infinite values")
+    return config, params
 
 
 def _restore(path: Path, target: LlamaParams, to_host: bool) -> LlamaParams:
@@ -87,9 +106,74 @@ def _restore(path: Path, target: LlamaParams, to_host: bool) -> LlamaParams:
         return checkpointer.restore(path, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
 
 
-def _config_from_dict(d: dict) -> ModelConfig:
-    d = dict(d)
-    if d.get("rope_scaling"):
-        d["rope_scaling"] = Llama3RopeScaling(**d["rope_scaling"])
-    d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
-    return ModelConfig(**d)
+def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """name -> shape of each array saved in params/, from orbax's metadata (nothing is read); None when this
+    orbax version's metadata does not have that form, or cannot be read (restoring then says what is wrong)."""
+    try:
+        with ocp.PyTreeCheckpointer() as checkpointer:
+            metadata = checkpointer.metadata(path / "params")
+        tree = getattr(metadata, "item_metadata", metadata)  # newer orbax wraps the tree in step metadata
+        return _shapes(getattr(tree, "tree", tree))
+    except Exception:
+        return None
+
+
+def _check_shapes(marker: Path, wanted: dict[str, tuple], saved: dict[str, tuple]) -> None:
+    """ModelLoadError naming the description when its config implies other arrays than params/ holds."""
+    for names, what in ((wanted.keys() - saved.keys(), "implies arrays that params/ lacks"),
+                        (saved.keys() - wanted.keys(), "does not describe the saved arrays")):
+        if names:
+            raise ModelLoadError(marker, f"its config {what}: {', '.join(sorted(names)[:4])}"
+                                 + (f" and {len(names) - 4} more" if len(names) > 4 else ""))
+    wrong = [name for name in wanted if wanted[name] != saved[name]]
+    if wrong:
+        raise ModelLoadError(marker, f"its config implies {wrong[0]} of shape {wanted[wrong[0]]}, but params/ holds "
+                             f"{saved[wrong[0]]}" + (f" ({len(wrong)} arrays disagree)" if len(wrong) > 1 else ""))
+
+
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(leaf.shape) for name, leaf in _named_leaves(tree)}
+
+
+def _named_leaves(tree) -> list[tuple[str, Any]]:
+    """(name such as "layers.0.wo", leaf) of a params pytree or of orbax's metadata tree of it."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [(".".join(str(_key_name(k)) for k in keys), leaf) for keys, leaf in leaves]
+
+
+def _key_name(key) -> Any:
+    for attribute in ("name", "key", "idx"):  # GetAttrKey, DictKey, SequenceKey
+        if hasattr(key, attribute):
+            return getattr(key, attribute)
+    return key
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+
+
+def _config(c: FieldReader) -> ModelConfig:
+    """ModelConfig from the description's "config" (dataclasses.asdict of one), each field checked."""
+    c.refuse_unknown(_DEFAULTS)
+
+    def default(name: str) -> Any:
+        return REQUIRED if _DEFAULTS[name] is dataclasses.MISSING else _DEFAULTS[name]
+
+    scaling = c.section("rope_scaling")
+    fields = dict(
+        architecture=c.text("architecture", choices=set(SUPPORTED_ARCHITECTURES.values())),
+        **{name: c.integer(name) for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                              "num_heads", "num_kv_heads", "head_dim")},
+        rms_norm_eps=c.number("rms_norm_eps", default("rms_norm_eps"), maximum=1.0),
+        rope_theta=c.number("rope_theta", default("rope_theta")),
+        rope_scaling=None if scaling is None else llama3_rope_scaling(scaling),
+        max_position_embeddings=c.integer("max_position_embeddings", default("max_position_embeddings")),
+        tie_word_embeddings=c.flag("tie_word_embeddings", default("tie_word_embeddings")),
+        qkv_bias=c.flag("qkv_bias", default("qkv_bias")),
+        sliding_window=c.integer("sliding_window", None),
+        bos_token_id=c.integer("bos_token_id", None, minimum=0),
+        eos_token_ids=c.token_ids("eos_token_ids"),
+    )
+    try:
+        return ModelConfig(**fields)
+    except ValueError as e:
+        raise ModelLoadError(c.source, str(e)) from e

@@ -6,9 +6,8 @@ linear's three tensors into one packed weight before the names are mapped to fie
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 import numpy as np
@@ -16,9 +15,13 @@ from safetensors import safe_open
 
 from jaxllm.config import ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
+from jaxllm.file_fields import FieldReader, read_json, short_repr
 from jaxllm.loaders import awq
 from jaxllm.loaders.assemble import assemble_params, numpy_dtype, tensor_field
+from jaxllm.loaders.host_memory import check_fits_host
+from jaxllm.loaders.weight_checks import check_weight
 from jaxllm.model.params import LlamaParams
+from jaxllm.model.weights import WeightFormat
 
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 _LAYER_NAMES = {
@@ -33,6 +36,7 @@ _AWQ_LAYER_NAMES = {**_LAYER_NAMES, **{name.replace(".weight", ".qweight"): fiel
                                        _LAYER_NAMES.items() if name.rpartition(".")[0] in awq.LINEAR_MODULES}}
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_SUFFIX = "rotary_emb.inv_freq"  # old checkpoints store the rope table; it is recomputed
+INDEX_FILE = "model.safetensors.index.json"
 
 
 def read_hf_config(model_dir: Path) -> ModelConfig:
@@ -43,36 +47,19 @@ def read_config_json(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     if not path.is_file():
         raise ModelLoadError(path, "missing: a Hugging Face model directory needs config.json")
-    try:
-        hf = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(path, f"not valid JSON ({e})") from e
-    if not isinstance(hf, dict):
-        raise ModelLoadError(path, f"must hold a JSON object, got {type(hf).__name__}")
-    return hf
+    return read_json(path)
 
 
 def _model_config(hf: dict, model_dir: Path) -> ModelConfig:
     config = ModelConfig.from_hf_config(hf, source=str(model_dir / "config.json"))
-    extra_eos = _generation_eos_token_ids(model_dir)
-    if extra_eos is None:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
         return config
+    extra_eos = read_json(path).get("eos_token_id")  # an id or a list (Llama 3 Instruct lists <|eot_id|> there)
     try:
         return dataclasses.replace(config, eos_token_ids=merge_token_ids(config.eos_token_ids, extra_eos))
     except ValueError as e:
-        raise ModelLoadError(model_dir / "generation_config.json", str(e)) from e
-
-
-def _generation_eos_token_ids(model_dir: Path) -> int | list[int] | None:
-    """generation_config.json's eos_token_id (an id or a list; Llama 3 Instruct lists <|eot_id|> there), if any."""
-    path = model_dir / "generation_config.json"
-    if not path.is_file():
-        return None
-    try:
-        generation = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(path, f"not valid JSON ({e})") from e
-    return generation.get("eos_token_id") if isinstance(generation, dict) else None
+        raise ModelLoadError(path, str(e)) from e
 
 
 def load_hf_dir(model_dir: Path, dtype: str = "float32",
@@ -82,6 +69,8 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
     hf = read_config_json(model_dir)
     config = _model_config(hf, model_dir)
     awq_config = awq.read_awq_config(hf, model_dir / "config.json", quantization)
+    bytes_per_param = awq.PACKED_BYTES_PER_PARAM if awq_config else np.dtype(numpy_dtype(dtype)).itemsize
+    check_fits_host(config, model_dir / "config.json", bytes_per_param)
     named = (t for f in weight_files(model_dir) for t in _read_file(f))
     layer_names = _LAYER_NAMES
     if awq_config is not None:
@@ -90,13 +79,9 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
+    index = model_dir / INDEX_FILE
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ModelLoadError(index, f"not a valid safetensors index ({e!r})") from e
-        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        files = [_shard_path(model_dir, index, name) for name in sorted(set(_weight_map(index).values()))]
     else:
         files = sorted(model_dir.glob("*.safetensors"))
         if not files:
@@ -104,8 +89,27 @@ def weight_files(model_dir: Path) -> list[Path]:
                                  "pytorch_model.bin are refused: unpickling can run arbitrary code)")
     for f in files:
         if not f.is_file():
-            raise ModelLoadError(f, "missing weight shard listed in model.safetensors.index.json")
+            raise ModelLoadError(f, f"missing weight shard listed in {INDEX_FILE}")
     return files
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's tensor name -> shard file name map."""
+    r = FieldReader(read_json(index), index)
+    weight_map = r.raw("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise r.error("weight_map", f"must be an object of tensor name -> file name, got {short_repr(weight_map)}")
+    return weight_map
+
+
+def _shard_path(model_dir: Path, index: Path, name: str) -> Path:
+    """A shard named by the index: a .safetensors file inside the model directory (a name that climbs out of it
+    or is absolute is refused before anything is opened; symbolic links are followed, as in the hub cache)."""
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or ".." in parts or not name.endswith(".safetensors"):
+        raise ModelLoadError(index, f"weight_map names {short_repr(name)}: a shard must be a .safetensors file "
+                             "inside the model directory")
+    return model_dir.joinpath(*parts)
 
 
 def _fields(named: Iterator[tuple[Path, str, Any]], config: ModelConfig, layer_names: dict[str, str]
@@ -119,7 +123,7 @@ def _fields(named: Iterator[tuple[Path, str, Any]], config: ModelConfig, layer_n
             raise ModelLoadError(path, f"unexpected tensor {name!r}")
         if field == "lm_head" and config.tie_word_embeddings:
             continue  # tied: the output projection is the embedding
-        yield field, layer, name, weight
+        yield field, layer, name, weight if isinstance(weight, WeightFormat) else check_weight(weight, name, path)
 
 
 def _read_file(path: Path) -> Iterator[tuple[Path, str, np.ndarray]]:

@@ -19,7 +19,6 @@ modules and shapes that do not match the base model, each with an error naming t
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -27,6 +26,9 @@ import re
 import numpy as np
 
 from jaxllm.config import ModelConfig
+from jaxllm.errors import ModelLoadError
+from jaxllm.file_fields import FieldReader, read_json, short_repr
+from jaxllm.loaders.weight_checks import all_finite, check_weight
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -67,37 +69,42 @@ def field_shapes(config: ModelConfig, max_rank: int) -> dict[str, tuple[tuple[in
 
 
 def read_adapter_config(path: str) -> dict:
-    """adapter_config.json, checked: a LoRA adapter using only what the engine applies."""
+    """adapter_config.json, checked (file_fields.FieldReader): a LoRA adapter using only what the engine applies.
+    Refusals are ModelLoadErrors (ValueErrors) naming the file and the key."""
     if not os.path.isdir(path):
         raise ValueError(f"LoRA adapter {path!r} is not a directory (a PEFT adapter directory is needed)")
     config_path = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(config_path):
         raise ValueError(f"LoRA adapter {path!r} has no {CONFIG_FILE}")
     try:
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{config_path}: not readable JSON ({e})") from e
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path}: expected a JSON object")
-    if config.get("peft_type", "LORA") != "LORA":
-        raise ValueError(f"{config_path}: peft_type {config.get('peft_type')!r} is not supported (only LORA)")
+        config = read_json(config_path)
+    except ModelLoadError as e:
+        raise ModelLoadError(config_path, f"not readable JSON ({e.problem})") from e
+    r = FieldReader(config, config_path)
+    r.text("peft_type", "LORA", choices=("LORA",))
     for key, what in _UNSUPPORTED.items():
         if config.get(key):
-            raise ValueError(f"{config_path}: {what} is not supported ({key} = {config[key]!r})")
-    if config.get("bias", "none") != "none":
-        raise ValueError(f"{config_path}: bias = {config['bias']!r} is not supported (only 'none')")
-    for key in ("r", "lora_alpha"):
-        value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"{config_path}: {key} must be a positive number, got {value!r}")
-    targets = config.get("target_modules")
-    if isinstance(targets, list):
-        unknown = [m for m in targets if m not in MODULES]
-        if unknown:
-            raise ValueError(f"{config_path}: target_modules {unknown} are not supported (supported: "
-                             f"{', '.join(MODULES)})")
+            raise ModelLoadError(config_path, f"{what} is not supported ({key} = {short_repr(config[key])})")
+    bias = r.text("bias", "none")
+    if bias != "none":
+        raise ModelLoadError(config_path, f"bias = {short_repr(bias)} is not supported (only 'none')")
+    r.number("r")  # the tensors' shapes give each module's rank
+    r.number("lora_alpha")
+    r.flag("use_rslora", False)
+    _check_targets(r)
     return config
+
+
+def _check_targets(r: FieldReader) -> None:
+    """target_modules: a list of supported module names, or a string (PEFT's pattern: the tensors say which)."""
+    targets = r.raw("target_modules", None)
+    if isinstance(targets, list):
+        unknown = [m for m in r.text_list("target_modules") if m not in MODULES]
+        if unknown:
+            raise r.error("target_modules", f"{short_repr(unknown)} are not supported (supported: "
+                          f"{', '.join(MODULES)})")
+    elif targets is not None and not isinstance(targets, str):
+        raise r.error("target_modules", f"must be a list of module names or a pattern, got {short_repr(targets)}")
 
 
 def load_peft_adapter(path: str, config: ModelConfig, max_rank: int, dtype) -> HostAdapter:
@@ -155,7 +162,11 @@ def _checked(tensor: np.ndarray, name: str, which: str, out_in: tuple[int, int],
         expected = f"[r, {k}]" if which == "A" else f"[{out}, r]"
         raise ValueError(f"{weights_path}: tensor {name!r} has shape {list(tensor.shape)}; the base model needs "
                          f"{expected}")
-    return np.asarray(tensor, np.float32)
+    rank = tensor.shape[0 if which == "A" else 1]
+    if rank == 0:
+        raise ModelLoadError(weights_path, f"tensor {name!r} has rank 0 (shape {list(tensor.shape)}): a LoRA "
+                             "module needs rank >= 1")
+    return np.asarray(check_weight(tensor, name, weights_path), np.float32)
 
 
 def _fuse(modules, adapter_config: dict, config: ModelConfig, max_rank: int, dtype, weights_path: str) -> HostAdapter:
@@ -180,5 +191,15 @@ def _fuse(modules, adapter_config: dict, config: ModelConfig, max_rank: int, dty
                 a[layer, p * max_rank:p * max_rank + rank] = pair["A"]
                 b[layer, row:row + out_sizes[module], p * max_rank:p * max_rank + rank] = pair["B"] * scaling
             row += out_sizes[module]
-        adapter[field] = (a.astype(dtype), b.astype(dtype))
+        adapter[field] = (a.astype(dtype), _scaled_b(b, dtype, alpha, field, weights_path))
     return adapter
+
+
+def _scaled_b(b: np.ndarray, dtype, alpha: float, field: str, weights_path: str) -> np.ndarray:
+    """b (scaling folded in) in `dtype`; ModelLoadError naming the config when the scaling overflows it."""
+    b = b.astype(dtype)
+    if not all_finite(b):
+        raise ModelLoadError(os.path.join(os.path.dirname(weights_path), CONFIG_FILE),
+                             f"lora_alpha {alpha:g} scales the {field} lora_B weights beyond the range of "
+                             f"{np.dtype(dtype).name}")
+    return b

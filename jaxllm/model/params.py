@@ -17,6 +17,7 @@ hold them apart (checkpoint_layer_shapes); the loaders check those and `fuse_lay
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import jax
@@ -98,6 +99,13 @@ def global_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not config.tie_word_embeddings:
         shapes["lm_head"] = (config.vocab_size, config.hidden_size)
     return shapes
+
+
+def param_count(config: ModelConfig) -> int:
+    """The number of parameters the config's shapes make (computed from the shapes: nothing is allocated)."""
+    layer = sum(math.prod(s) for s in checkpoint_layer_shapes(config).values())
+    top = sum(math.prod(s) for s in global_param_shapes(config).values())
+    return top + config.num_layers * layer
 
 
 def abstract_params(config: ModelConfig, dtype) -> LlamaParams:

@@ -236,3 +236,22 @@ def test_unreadable_memory_size_is_a_clear_error(gpu):
                                             ("0.6-0.9", 0.6), ("1e-1", 0.1), ("junk", 0.75), ("0", 0.75)])
 def test_xla_memory_fraction_reads_the_preallocated_start(spec, fraction):
     assert xla_memory_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": spec}) == fraction
+
+
+# ---------------------------------------------------------------- max_model_len against the KV pool
+def _resolve(max_position_embeddings: int, **args):
+    loaded = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=max_position_embeddings,
+                                                    sliding_window=None))
+    return EngineArgs(num_gpu_blocks=40, block_size=16, **args).resolve(loaded)[0].max_model_len
+
+
+def test_unset_max_model_len_is_at_most_what_the_kv_cache_holds():
+    assert _resolve(2**31 - 1) == 39 * 16  # block 0 is the null block
+    assert _resolve(100) == 100
+    assert _resolve(2**31 - 1, max_model_len=5000) == 5000  # set: as asked (requests the pool cannot hold are refused)
+
+
+def test_processes_agree_on_the_pool_before_the_default_max_model_len():
+    loaded = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2**31 - 1, sliding_window=None))
+    scheduler, cache = EngineArgs(num_gpu_blocks=40, block_size=16).resolve(loaded, lambda n: n // 2)
+    assert (cache.num_blocks, scheduler.max_model_len) == (20, 19 * 16)
