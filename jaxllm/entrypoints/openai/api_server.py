@@ -419,8 +419,8 @@ def run_server(args: argparse.Namespace) -> int:
     from jaxllm.engine.engine import LLMEngine
     from jaxllm.engine.multiprocess_engine import LeaderEngine, follow
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)  # a handler set up while importing (absl's) would make this a no-op
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("jaxllm").setLevel(args.log_level.upper())  # also when a library configured logging first
     # SIGTERM is the normal way to stop the server: uvicorn handles it while serving (graceful shutdown) and
     # re-raises it afterwards, which this handler turns into a clean exit (status 0), as it does during loading.
     signal.signal(signal.SIGTERM, _exit_cleanly)
