@@ -218,6 +218,8 @@ def test_per_request_metrics(flagged, server):
     assert metrics["mean_itl_ms"] == pytest.approx(metrics["generation_time_ms"] / 3)
     chunks = events(flagged, "/v1/completions", dict(prompt="Hi", max_tokens=2, temperature=0))
     assert "metrics" in chunks[-1] and all("metrics" not in c for c in chunks[:-1])
+    one = post(flagged, "/v1/completions", dict(prompt="Hi", max_tokens=1, temperature=0))["metrics"]
+    assert "mean_itl_ms" not in one and one["tokens_per_second"] > 0  # no inter-token latency for one token
     assert "metrics" not in post(flagged, "/v1/completions", dict(prompt="Hi", max_tokens=2, n=2))  # not one sequence
     assert "metrics" not in post(server, "/v1/chat/completions", dict(messages=CHAT, max_tokens=2))  # no flag
 

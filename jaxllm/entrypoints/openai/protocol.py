@@ -337,13 +337,14 @@ class CompletionStreamChoice(CompletionChoice):
 
 
 class PerRequestMetrics(OpenAIBaseModel):
-    """--enable-per-request-metrics (vLLM's): one request's timing, in milliseconds."""
+    """--enable-per-request-metrics (vLLM's): one request's timing, in milliseconds; a time its clock readings do
+    not give (the mean inter-token latency of one token) is left out."""
 
-    time_to_first_token_ms: float | None = None  # first scheduled to first token
-    generation_time_ms: float | None = None  # first token to last token
-    queue_time_ms: float | None = None  # arrival to first scheduled
-    mean_itl_ms: float | None = None  # generation time per token after the first
-    tokens_per_second: float | None = None  # generated tokens over first scheduled to last token
+    time_to_first_token_ms: float | None = omitted_when_none()  # first scheduled to first token
+    generation_time_ms: float | None = omitted_when_none()  # first token to last token
+    queue_time_ms: float | None = omitted_when_none()  # arrival to first scheduled
+    mean_itl_ms: float | None = omitted_when_none()  # generation time per token after the first (2+ tokens)
+    tokens_per_second: float | None = omitted_when_none()  # generated tokens over first scheduled to last token
 
 
 class CompletionResponse(OpenAIBaseModel):
