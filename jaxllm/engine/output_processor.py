@@ -82,14 +82,14 @@ class OutputProcessor:
         return RequestState(request, detok, [] if params.logprobs is not None else None,
                             0.0 if request.needs_sample_logprobs else None)
 
-    def record_sample(self, request: Request, result: SampleResult) -> str | None:
-        """Account for the token the scheduler just appended; returns the stop string it completed, if any."""
+    def record_sample(self, request: Request, token_id: int, result: SampleResult | None) -> str | None:
+        """Account for the token the scheduler just appended (`result`: its logprobs, there when the request needs
+        them); returns the stop string it completed, if any."""
         state = self._child_state(request)
-        params = request.sampling_params
         if state.logprobs is not None:
             entry = {tid: Logprob(lp, rank=i + 1, decoded_token=self._decode_one(tid))
-                     for i, (tid, lp) in enumerate(result.top[:params.logprobs])}
-            entry.setdefault(result.token_id, Logprob(result.logprob, result.rank, self._decode_one(result.token_id)))
+                     for i, (tid, lp) in enumerate(result.top[:request.sampling_params.logprobs])}
+            entry.setdefault(token_id, Logprob(result.logprob, result.rank, self._decode_one(token_id)))
             state.logprobs.append(entry)
         if state.cumulative_logprob is not None:
             state.cumulative_logprob += result.logprob
@@ -97,7 +97,7 @@ class OutputProcessor:
             return None
         status = request.status
         stop_terminated = status is RequestStatus.FINISHED_STOPPED  # EOS or a stop token id ended it
-        state.unsent_text += state.detokenizer.update([result.token_id], finished=status.finished,
+        state.unsent_text += state.detokenizer.update([token_id], finished=status.finished,
                                                       stop_terminated=stop_terminated)
         return state.detokenizer.finished_by_stop
 
