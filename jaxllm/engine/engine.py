@@ -205,8 +205,9 @@ class LLMEngine:
                 self.runner.forget(out.finished_request_ids)
                 return
             now = time.monotonic()
-            for request in self.scheduler.scheduled_requests(out):
-                self.processor.mark_scheduled(request, now)
+            for chunk, request in zip(out.chunks, self.scheduler.scheduled_requests(out)):
+                if chunk.new is not None:  # the first time it runs, or again after preemption
+                    self.processor.mark_scheduled(request, now)
             self._inflight.append((out, self.runner.dispatch(out)))
 
     def _process(self, out: SchedulerOutput, results: StepResults) -> list[RequestOutput]:

@@ -55,6 +55,13 @@ class ParentState:
     def ranked(self) -> bool:
         return len(self.children) > self.num_returned
 
+    @property
+    def finished(self) -> bool:
+        for child in self.children:  # a loop, not all(genexpr): asked for every request at every step
+            if not child.request.status.finished:
+                return False
+        return True
+
 
 class OutputProcessor:
     def __init__(self, tokenizer):
@@ -109,12 +116,13 @@ class OutputProcessor:
     def outputs_for(self, requests: list[Request]) -> list[RequestOutput]:
         """RequestOutputs for the parents of `requests` (which made progress or finished this step)."""
         now = time.monotonic()
-        parents = list(dict.fromkeys(self.child_parent[r.request_id] for r in requests
-                                     if r.request_id in self.child_parent))
-        results = []
-        for parent in parents:
-            self._update_metrics(parent, now)
-            finished = all(c.request.status.finished for c in parent.children)
+        results, seen = [], set()
+        for request in requests:
+            parent = self.child_parent.get(request.request_id)
+            if parent is None or parent in seen:
+                continue
+            seen.add(parent)
+            finished = self._update_metrics(parent, now)
             if (parent.output_kind == "final" or parent.ranked) and not finished:
                 continue
             results.append(self._assemble(parent, finished))
@@ -161,14 +169,18 @@ class OutputProcessor:
         return CompletionOutput(request.sample_index, text, list(tokens), state.cumulative_logprob, logprobs,
                                 finish, request.stop_reason)
 
-    def _update_metrics(self, parent: ParentState, now: float) -> None:
+    @staticmethod
+    def _update_metrics(parent: ParentState, now: float) -> bool:
+        """-> whether every child has finished."""
         metrics = parent.metrics
-        firsts = [c.request.first_token_time for c in parent.children if c.request.first_token_time]
-        if firsts and metrics.first_token_time is None:
-            metrics.first_token_time = min(firsts)
+        if metrics.first_token_time is None:
+            firsts = [c.request.first_token_time for c in parent.children if c.request.first_token_time]
+            metrics.first_token_time = min(firsts) if firsts else None
         metrics.last_token_time = now
-        if all(c.request.status.finished for c in parent.children):
+        finished = parent.finished
+        if finished:
             metrics.finished_time = now
+        return finished
 
     def mark_scheduled(self, request: Request, now: float) -> None:
         parent = self.child_parent.get(request.request_id)
