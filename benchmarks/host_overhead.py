@@ -8,6 +8,8 @@ step's wall time is mostly host work. Per measured decode step (every sequence d
     wall ms     engine.step()
     blocked ms  inside jax.device_get in the runner: waiting for the device, then the device-to-host copy
     host ms     wall - blocked: host work on the step's critical path
+    cpu ms      CPU time of the engine's thread outside jax.device_get: the host work itself, which other
+                processes and the device's own threads (the CPU backend) cannot stretch as they stretch `host ms`
 
 With async scheduling the host work of step t + 1 runs while the device computes step t, so less of it shows.
 Runs against whatever jaxllm is importable (PYTHONPATH), so an older checkout can be measured the same way.
@@ -39,11 +41,13 @@ class BlockedTimer:
 
     def __init__(self):
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # this thread's CPU time inside device_get
 
     def device_get(self, tree):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         result = jax.device_get(tree)
         self.seconds += time.perf_counter() - start
+        self.cpu_seconds += time.thread_time() - cpu_start
         return result
 
     def __getattr__(self, name):
@@ -80,16 +84,18 @@ def measure(args) -> dict:
         engine.step()  # prefill every prompt (and compile what decoding needs)
     for _ in range(3):
         engine.step()
-    walls, blocked = [], []
+    walls, blocked, cpus = [], [], []
     for _ in range(args.steps):
-        timer.seconds = 0.0
-        start = time.perf_counter()
+        timer.seconds = timer.cpu_seconds = 0.0
+        start, cpu_start = time.perf_counter(), time.thread_time()
         engine.step()
         walls.append(time.perf_counter() - start)
+        cpus.append(time.thread_time() - cpu_start - timer.cpu_seconds)
         blocked.append(timer.seconds)
     hosts = [w - b for w, b in zip(walls, blocked)]
     return {"wall_ms": statistics.median(walls) * 1e3, "blocked_ms": statistics.median(blocked) * 1e3,
-            "host_ms": statistics.median(hosts) * 1e3, "sequences": len(engine.scheduler.running)}
+            "host_ms": statistics.median(hosts) * 1e3, "cpu_ms": statistics.median(cpus) * 1e3,
+            "sequences": len(engine.scheduler.running)}
 
 
 def main() -> None:
@@ -105,7 +111,8 @@ def main() -> None:
     args = parser.parse_args()
     result = measure(args)
     print(f"batch {result['sequences']}, contexts ~{args.context}: wall {result['wall_ms']:.1f} ms, blocked "
-          f"{result['blocked_ms']:.1f} ms, host {result['host_ms']:.1f} ms per decode step (median of {args.steps})")
+          f"{result['blocked_ms']:.1f} ms, host {result['host_ms']:.1f} ms (cpu {result['cpu_ms']:.1f} ms) per decode "
+          f"step (median of {args.steps})")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump({"args": vars(args), **result}, f, indent=1)

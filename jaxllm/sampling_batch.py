@@ -36,7 +36,8 @@ for a token's value on the host to penalize it: async scheduling serves every mi
 (structured outputs) would join here as another per-slot array.
 
 RowSampling is one request's share, on the host: its scalars, and a count of the tokens dispatched so far (the
-noise counter and min_tokens need only the count, not the values).
+noise counter and min_tokens need only the count, not the values). SamplingTable holds those of many requests as
+columns, one row each (the runner's persistent batch): a step's SamplingBatch is a gather of its rows.
 """
 
 from __future__ import annotations
@@ -138,22 +139,18 @@ class RowSampling:
         self.num_output += 1
 
     @property
-    def masks_stop_ids(self) -> bool:
-        return self.num_output < self.params.min_tokens and len(self.min_tokens_ids) > 0
-
-    @property
     def needs_state(self) -> bool:
         """Whether the request needs a LogitState slot (at any point of its generation)."""
-        p = self.params
-        return self.adjusts_always or (p.min_tokens > 0 and len(self.min_tokens_ids) > 0)
+        return self.adjusts_always or self.stop_ids_until > 0
 
     @property
     def adjusts_always(self) -> bool:
         return self.params.biases_logits or self.params.needs_penalties or bool(self.params.bad_words_token_ids)
 
     @property
-    def adjusts_now(self) -> bool:
-        return self.adjusts_always or self.masks_stop_ids
+    def stop_ids_until(self) -> int:
+        """Its EOS and stop ids are masked while fewer tokens than this were sampled (min_tokens; 0: never)."""
+        return self.params.min_tokens if len(self.min_tokens_ids) > 0 else 0
 
     def state_rows(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> LogitState:
         """The request's rows of LogitState ([V] each, numpy), from its whole history so far."""
@@ -178,35 +175,73 @@ class RowSampling:
         return LogitState(counts, flags, bias, bad_words, recent)
 
 
+class SamplingTable:
+    """The sampling inputs of up to M requests, one numpy column per field ([M + 1]; row M is padding: greedy and
+    neutral, never set). What a request's parameters fix is written once (set_row); its count of sampled tokens
+    moves on by rows (advance); a step's SamplingBatch is gathered from its rows (pack), with no Python per row."""
+
+    def __init__(self, num_rows: int, neutral_slot: int):
+        size = num_rows + 1
+        self.pad_row = num_rows
+        self.temperature = np.ones(size, np.float32)
+        self.is_greedy = np.ones(size, bool)
+        self.top_k = np.zeros(size, np.int32)
+        self.top_p = np.ones(size, np.float32)
+        self.min_p = np.zeros(size, np.float32)
+        self.rng_key_data = np.zeros((size, 2), np.uint32)
+        self.rng_stream = np.zeros(size, np.uint32)
+        self.slot = np.full(size, neutral_slot, np.int32)
+        self.repetition_penalty = np.ones(size, np.float32)
+        self.frequency_penalty = np.zeros(size, np.float32)
+        self.presence_penalty = np.zeros(size, np.float32)
+        self.num_output = np.zeros(size, np.int64)  # tokens sampled so far (the noise counter; min_tokens)
+        self.stop_ids_until = np.zeros(size, np.int64)  # RowSampling.stop_ids_until
+        self.adjusts_always = np.zeros(size, bool)
+        self.wants_logprobs = np.zeros(size, bool)
+        self.neutral_slot = neutral_slot
+
+    def set_row(self, row: int, sampling: RowSampling) -> None:
+        """The row now holds this request (its slot: sampling.slot, or the neutral one)."""
+        params = sampling.params
+        self.temperature[row], self.is_greedy[row], self.top_k[row] = (sampling.temperature, sampling.is_greedy,
+                                                                       sampling.top_k)
+        self.top_p[row], self.min_p[row] = params.top_p, params.min_p
+        self.rng_key_data[row], self.rng_stream[row] = sampling.key_words, sampling.rng_stream
+        self.slot[row] = self.neutral_slot if sampling.slot is None else sampling.slot
+        self.repetition_penalty[row] = params.repetition_penalty
+        self.frequency_penalty[row], self.presence_penalty[row] = params.frequency_penalty, params.presence_penalty
+        self.num_output[row], self.stop_ids_until[row] = sampling.num_output, sampling.stop_ids_until
+        self.adjusts_always[row], self.wants_logprobs[row] = sampling.adjusts_always, sampling.wants_logprobs
+
+    def advance(self, rows: np.ndarray) -> None:
+        """A token is being sampled for each of `rows` [N] (distinct): see RowSampling.expect_token."""
+        self.num_output[rows] += 1
+
+    def pack(self, rows: np.ndarray, num_rows: int) -> SamplingBatch:
+        """The SamplingBatch of `rows` [N], in order, padded to num_rows; state None."""
+        if len(rows) > num_rows:
+            raise ValueError(f"{len(rows)} rows do not fit in num_rows={num_rows}")
+        index = np.full(num_rows, self.pad_row, np.intp)  # [S]
+        index[:len(rows)] = rows
+        counts = self.num_output[index]
+        masks_stop_ids = counts < self.stop_ids_until[index]
+        return SamplingBatch(
+            temperature=self.temperature[index], is_greedy=self.is_greedy[index], top_k=self.top_k[index],
+            top_p=self.top_p[index], min_p=self.min_p[index], rng_key_data=self.rng_key_data[index],
+            rng_stream=self.rng_stream[index], rng_counter=(counts & _UINT32_MASK).astype(np.uint32),
+            slot=self.slot[index], repetition_penalty=self.repetition_penalty[index],
+            frequency_penalty=self.frequency_penalty[index], presence_penalty=self.presence_penalty[index],
+            masks_stop_ids=masks_stop_ids,
+            wants_logprobs=np.asarray(self.wants_logprobs[index].any()),
+            has_adjustments=np.asarray((self.adjusts_always[index] | masks_stop_ids).any()))
+
+
 def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, neutral_slot: int) -> SamplingBatch:
     """Pack rows into numpy arrays padded to `num_rows` (padded rows are greedy and neutral); state None."""
-    if len(rows) > num_rows:
-        raise ValueError(f"{len(rows)} rows do not fit in num_rows={num_rows}")
-
-    def column(values, fill, dtype) -> np.ndarray:
-        out = np.full(num_rows, fill, dtype)
-        out[:len(values)] = values
-        return out
-
-    key_data = np.zeros((num_rows, 2), np.uint32)
-    key_data[:len(rows)] = np.array([r.key_words for r in rows], np.uint32).reshape(-1, 2)
-    return SamplingBatch(
-        temperature=column([r.temperature for r in rows], 1.0, np.float32),
-        is_greedy=column([r.is_greedy for r in rows], True, bool),
-        top_k=column([r.top_k for r in rows], 0, np.int32),
-        top_p=column([r.params.top_p for r in rows], 1.0, np.float32),
-        min_p=column([r.params.min_p for r in rows], 0.0, np.float32),
-        rng_key_data=key_data,
-        rng_stream=column([r.rng_stream for r in rows], 0, np.uint32),
-        rng_counter=column([r.num_output & _UINT32_MASK for r in rows], 0, np.uint32),
-        slot=column([neutral_slot if r.slot is None else r.slot for r in rows], neutral_slot, np.int32),
-        repetition_penalty=column([r.params.repetition_penalty for r in rows], 1.0, np.float32),
-        frequency_penalty=column([r.params.frequency_penalty for r in rows], 0.0, np.float32),
-        presence_penalty=column([r.params.presence_penalty for r in rows], 0.0, np.float32),
-        masks_stop_ids=column([r.masks_stop_ids for r in rows], False, bool),
-        wants_logprobs=np.asarray(any(r.wants_logprobs for r in rows)),
-        has_adjustments=np.asarray(any(r.adjusts_now for r in rows)),
-    )
+    table = SamplingTable(len(rows), neutral_slot)
+    for row, sampling in enumerate(rows):
+        table.set_row(row, sampling)
+    return table.pack(np.arange(len(rows)), num_rows)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ from jaxllm.engine.block_pool import BlockPool
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.output_processor import OUTPUT_KINDS, OutputProcessor
 from jaxllm.engine.request import Request, RequestStatus
-from jaxllm.engine.runner import InflightStep, ModelRunner
+from jaxllm.engine.runner import InflightStep, ModelRunner, StepResults
 from jaxllm.engine.scheduler import Scheduler, SchedulerOutput
 from jaxllm.loaders import load_host_model, place_model
 from jaxllm.lora.manager import LoRAManager
@@ -190,8 +190,7 @@ class LLMEngine:
                 raise RuntimeError("the scheduler could not schedule any request although some are unfinished")
             return []
         out, inflight = self._inflight.popleft()
-        results, prompt_logprobs = self.runner.fetch(inflight)
-        outputs = self._process(out, results, prompt_logprobs)
+        outputs = self._process(out, self.runner.fetch(inflight))
         if self._lora_removals:
             self._drop_removed_loras()
         return outputs
@@ -205,24 +204,27 @@ class LLMEngine:
                 self.runner.forget(out.finished_request_ids)
                 return
             now = time.monotonic()
-            for request in self.scheduler.scheduled_requests(out):
-                self.processor.mark_scheduled(request, now)
+            for chunk, request in zip(out.chunks, self.scheduler.scheduled_requests(out)):
+                if chunk.new is not None:  # the first time it runs, or again after preemption
+                    self.processor.mark_scheduled(request, now)
             self._inflight.append((out, self.runner.dispatch(out)))
 
-    def _process(self, out: SchedulerOutput, results, prompt_logprobs) -> list[RequestOutput]:
+    def _process(self, out: SchedulerOutput, results: StepResults) -> list[RequestOutput]:
         requests = self.scheduler.scheduled_requests(out)
-        ended_before = {id(r) for r in requests if r.status.finished}  # e.g. aborted while the step ran
-        self.scheduler.update(out, {rid: r.token_id for rid, r in results.items()})
+        ended_before = [r.status.finished for r in requests]  # e.g. aborted while the step ran
+        self.scheduler.update(out, results.tokens)
         self.num_steps += 1
         progressed = []
-        for request in requests:
-            if id(request) in ended_before:
+        for request, ended in zip(requests, ended_before):
+            if ended:
                 continue  # its token from this step is dropped
-            if request.request_id in prompt_logprobs:
-                self.processor.record_prompt_logprobs(request, prompt_logprobs[request.request_id])
-            if request.request_id not in results:
+            request_id = request.request_id
+            if request_id in results.prompt_logprobs:
+                self.processor.record_prompt_logprobs(request, results.prompt_logprobs[request_id])
+            token_id = results.tokens.get(request_id)
+            if token_id is None:
                 continue
-            stop = self.processor.record_sample(request, results[request.request_id])
+            stop = self.processor.record_sample(request, token_id, results.logprobs.get(request_id))
             if stop is not None and request.status.finished:  # the same token also hit a length limit
                 request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop
             elif stop is not None:

@@ -1,19 +1,26 @@
-"""The runner's own copy of each request it runs, and the host arrays of one step built from it.
+"""The runner's persistent batch: its own copy of each request it runs, one row of numpy arrays per request, and
+the host arrays of one step, gathered from those rows.
 
-A step should cost host work in proportion to what changed since the last one, not to the requests' lengths
-(vLLM's runner keeps such a copy too). Per request, CachedRequest holds:
+A step should cost host work in proportion to what changed since the last one, not to the number of requests or
+their lengths (vLLM's persistent batch). A request holds a row from when it is scheduled first (or again, after
+preemption) until the scheduler reports it preempted or finished; M = max_num_seqs rows:
 
-    tokens       [max_model_len] int32   prompt, then outputs as their values arrive from the device
-    block_table  [MB] int32              block ids, extended as the scheduler allocates
-    sampling     RowSampling             per-request sampling inputs, and its LogitState slot if it needs one
+    tokens       [M, max_model_len] int32  prompt, then outputs as their values arrive from the device
+    num_known    [M] int32                 tokens whose values are in `tokens`
+    block_table  [M, MB] int32             block ids, extended as the scheduler allocates
+    num_blocks   [M] int32
+    sample_row   [M] int32                 its row in the sampler output of the last step that sampled for it
+    generation   [M] int64                 bumped when the row changes hands: a step's tokens for the row's
+                                           former holder are dropped
+    sampling     SamplingTable             its sampling inputs and sampled-token count; its LogitState slot is
+                                           its row when it has logit adjustments (bias, penalties, min_tokens)
 
 prepare() turns a SchedulerOutput into StepInputs (numpy, padded to the buckets) with vectorized numpy over the
-step's tokens; a token whose value is still on the device (the request's pending token, sampled by the step
-dispatched just before) gets prev_rows = its row in that step's sampler output instead of a value.
-An entry is made when a request is scheduled for the first time (or again, after preemption) and dropped when the
-scheduler reports it preempted or finished. A request with logit adjustments (bias, penalties, min_tokens) then
-takes one of max_num_seqs LogitState slots; its rows are in StepInputs.logit_writes for the runner to write to the
-device before the step samples (the device counts its sampled tokens from there on).
+step's rows and tokens; Python per chunk only finds the row (taking on new requests, adding new blocks). A token
+whose value is still on the device (the request's pending token, sampled by the step dispatched just before)
+gets prev_rows = its row in that step's sampler output instead of a value. The LogitState rows of requests taken
+on are in StepInputs.logit_writes, for the runner to write to the device before the step samples (the device
+counts their sampled tokens from there on).
 
     logits rows:  | sampled rows, chunk order | padding | prompt-logprob rows | padding |
                     0 .. S-1                            S_max ..
@@ -30,32 +37,45 @@ from jaxllm.engine.scheduler import NewRequestData, ScheduledChunk, SchedulerOut
 from jaxllm.model import StepBatch
 from jaxllm.model.step_batch import lay_out_tokens
 from jaxllm.model.kv_cache import NULL_BLOCK
-from jaxllm.sampling_batch import LogitState, RowSampling, SamplingBatch, pack_sampling_batch
+from jaxllm.sampling_batch import LogitState, RowSampling, SamplingBatch, SamplingTable
 
 
 class CachedRequest:
-    def __init__(self, new: NewRequestData, max_len: int, max_blocks: int, vocab_size: int, *, base_seed: int,
-                 eos_token_ids: tuple[int, ...]):
+    """A request the runner holds: its row of the batch, and what it was scheduled with."""
+
+    def __init__(self, new: NewRequestData, row: int, batch: InputBatch):
         self.request_id = new.request_id
         self.data = new  # prompt and sampling parameters as scheduled; its outputs are those known then
-        known = new.prompt_token_ids + new.output_token_ids
-        self.tokens = np.zeros(max_len, np.int32)
-        self.tokens[:len(known)] = known
-        self.num_tokens = len(known)  # tokens whose values are here
-        self.block_table = np.full(max_blocks, NULL_BLOCK, np.int32)
-        self.num_blocks = 0
-        self.sampling = RowSampling(new.sampling_params, len(new.output_token_ids), vocab_size,
-                                    base_seed=base_seed, rng_stream=new.rng_stream, eos_token_ids=eos_token_ids,
-                                    wants_logprobs=new.needs_sample_logprobs)
-        self.sample_row = -1  # its row in the sampler output of the last step that sampled for it
+        self.row = row
+        self._batch = batch
 
-    def add_blocks(self, block_ids: list[int]) -> None:
-        self.block_table[self.num_blocks:self.num_blocks + len(block_ids)] = block_ids
-        self.num_blocks += len(block_ids)
+    # Its row, read while it holds it (tests and inspection; steps read the batch's arrays).
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._batch.tokens[self.row]
 
-    def append(self, token: int) -> None:
-        self.tokens[self.num_tokens] = token
-        self.num_tokens += 1
+    @property
+    def num_tokens(self) -> int:
+        return int(self._batch.num_known[self.row])
+
+    @property
+    def block_table(self) -> np.ndarray:
+        return self._batch.block_table[self.row]
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self._batch.num_blocks[self.row])
+
+    @property
+    def num_output(self) -> int:
+        """Tokens sampled for it by the steps dispatched so far (known or still on the device)."""
+        return int(self._batch.sampling.num_output[self.row])
+
+    @property
+    def slot(self) -> int | None:
+        """Its LogitState slot, None if it needs none."""
+        slot = int(self._batch.sampling.slot[self.row])
+        return None if slot == self._batch.sampling.neutral_slot else slot
 
 
 @dataclasses.dataclass
@@ -74,6 +94,8 @@ class StepInputs:
     batch: StepBatch  # numpy, padded to the forward's bucket
     prev_rows: np.ndarray  # [T] int32: -1, or the previous step's sampler row holding this token's value
     sampled: list[CachedRequest]  # in sampler-row order
+    sampled_rows: np.ndarray  # [N] their batch rows
+    sampled_generations: np.ndarray  # [N] the rows' generations when the step was prepared
     sample_key: ProgramKey | None
     sampling: SamplingBatch | None  # its state None: the runner's LogitState goes with it
     logit_writes: list[tuple[int, LogitState]]  # (slot, its rows [V]) of requests taken on in this step
@@ -93,90 +115,136 @@ class InputBatch:
         self.vocab_size = vocab_size
         self.base_seed = base_seed
         self.eos_token_ids = eos_token_ids
+        num_rows = buckets.max_num_seqs
+        self.num_logit_slots = num_rows  # LogitState slots: a row's own; slot num_logit_slots is the neutral one
+        self.tokens = np.zeros((num_rows, max_model_len), np.int32)
+        self.num_known = np.zeros(num_rows, np.int32)
+        self.block_table = np.full((num_rows, self.max_blocks), NULL_BLOCK, np.int32)
+        self.num_blocks = np.zeros(num_rows, np.int32)
+        self.sample_row = np.full(num_rows, -1, np.int32)
+        self.generation = np.zeros(num_rows, np.int64)
+        self.sampling = SamplingTable(num_rows, neutral_slot=self.num_logit_slots)
         self.requests: dict[str, CachedRequest] = {}
-        self.num_logit_slots = buckets.max_num_seqs  # LogitState slots; slot num_logit_slots is the neutral one
-        self._free_slots = list(range(self.num_logit_slots - 1, -1, -1))
+        self._free_rows = list(range(num_rows - 1, -1, -1))
         self._logit_writes: list[tuple[int, LogitState]] = []
 
     def forget(self, request_ids) -> None:
         """Drop the copies of requests that ended or were preempted."""
         for request_id in request_ids:
             cached = self.requests.pop(request_id, None)
-            if cached is not None and cached.sampling.slot is not None:
-                self._free_slots.append(cached.sampling.slot)
+            if cached is not None:
+                self._free_rows.append(cached.row)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         self.forget([*out.finished_request_ids, *out.preempted_request_ids])
         chunks = out.chunks
         cached = [self._cached(c) for c in chunks]
-        q_lens = np.fromiter((c.num_new_tokens for c in chunks), np.int32, len(chunks))
-        starts = np.fromiter((c.num_computed_before for c in chunks), np.int32, len(chunks))
-        batch, prev_rows, key = self._step_batch(chunks, cached, q_lens, starts)
+        num_chunks = len(chunks)
+        rows = np.fromiter((c.row for c in cached), np.intp, num_chunks)  # [N]
+        q_lens = np.fromiter((c.num_new_tokens for c in chunks), np.int32, num_chunks)  # [N]
+        starts = np.fromiter((c.num_computed_before for c in chunks), np.int32, num_chunks)  # [N]
+        samples = np.fromiter((c.samples for c in chunks), bool, num_chunks)  # [N]
+        batch, prev_rows, key = self._step_batch(rows, q_lens, starts)
         if self.lora:
             batch = batch.replace(lora_slots=self._lora_slots(out, cached, q_lens, len(batch.token_ids)))
-        sampled_rows = [i for i, c in enumerate(chunks) if c.samples]
+        sampled_chunks = np.flatnonzero(samples)  # [N'] in chunk order
+        batch.logits_indices[:len(sampled_chunks)] = \
+            batch.query_start_loc[sampled_chunks] + q_lens[sampled_chunks] - 1
         spans = self._prompt_spans(chunks, cached)
-        batch.logits_indices[:len(sampled_rows)] = batch.query_start_loc[sampled_rows] + q_lens[sampled_rows] - 1
-        targets = self._prompt_rows(chunks, cached, spans, batch)
-        sampled = [cached[i] for i in sampled_rows]
+        targets = self._prompt_rows(chunks, spans, batch)
+        sampled_rows = rows[sampled_chunks]
         sample_key = sampling = None
-        if sampled:
-            sample_key = self.buckets.sample_key(len(sampled))
-            sampling = pack_sampling_batch([c.sampling for c in sampled], sample_key.size, self.num_logit_slots)
+        if len(sampled_rows):
+            sample_key = self.buckets.sample_key(len(sampled_rows))
+            sampling = self.sampling.pack(sampled_rows, sample_key.size)
         writes, self._logit_writes = self._logit_writes, []
-        return StepInputs(key, batch, prev_rows, sampled, sample_key, sampling, writes, spans, targets)
+        return StepInputs(key, batch, prev_rows, [cached[i] for i in sampled_chunks.tolist()], sampled_rows,
+                          self.generation[sampled_rows], sample_key, sampling, writes, spans, targets)
 
     def commit(self, inputs: StepInputs) -> None:
         """The step is dispatched: each sampled request now has a token on its way, in this sampler row."""
-        for row, cached in enumerate(inputs.sampled):
-            cached.sample_row = row
-            cached.sampling.expect_token()
+        rows = inputs.sampled_rows
+        self.sample_row[rows] = np.arange(len(rows))
+        self.sampling.advance(rows)
+
+    def record_sampled(self, inputs: StepInputs, tokens: np.ndarray) -> None:
+        """The step's sampled tokens [N] (sampler-row order) join their requests' rows; a row that changed hands
+        since the step was prepared (its request ended or was preempted) is left alone."""
+        held = self.generation[inputs.sampled_rows] == inputs.sampled_generations
+        rows = inputs.sampled_rows[held]
+        self.tokens[rows, self.num_known[rows]] = tokens[held]
+        self.num_known[rows] += 1
 
     def _cached(self, chunk: ScheduledChunk) -> CachedRequest:
         if chunk.new is not None:
-            self.forget([chunk.request_id])  # a stale copy (an id reused before its end was reported)
-            cached = self.requests[chunk.request_id] = CachedRequest(
-                chunk.new, self.max_model_len, self.max_blocks, self.vocab_size, base_seed=self.base_seed,
-                eos_token_ids=self.eos_token_ids)
-            if cached.sampling.needs_state:
-                self._take_slot(cached)
+            cached = self._take_on(chunk.new)
         else:
             cached = self.requests.get(chunk.request_id)
             if cached is None:
                 raise RuntimeError(f"request {chunk.request_id!r} was scheduled as known to the runner, which "
                                    "holds no copy of it")
-        cached.add_blocks(chunk.new_block_ids)
+        if chunk.new_block_ids:
+            row, count = cached.row, self.num_blocks[cached.row]
+            self.block_table[row, count:count + len(chunk.new_block_ids)] = chunk.new_block_ids
+            self.num_blocks[row] += len(chunk.new_block_ids)
         return cached
 
-    def _take_slot(self, cached: CachedRequest) -> None:
-        if not self._free_slots:
-            raise RuntimeError(f"all {self.num_logit_slots} logit-adjustment slots are taken: the runner holds more "
-                               "requests than max_num_seqs")
-        cached.sampling.slot = slot = self._free_slots.pop()
-        self._logit_writes.append((slot, cached.sampling.state_rows(cached.data.prompt_token_ids,
-                                                                    cached.data.output_token_ids)))
+    def _take_on(self, new: NewRequestData) -> CachedRequest:
+        """A row for a request the runner does not hold: its known tokens, its sampling inputs, its LogitState
+        rows (written by the runner) if it needs a slot."""
+        self.forget([new.request_id])  # a stale copy (an id reused before its end was reported)
+        if not self._free_rows:
+            raise RuntimeError(f"all {len(self.num_known)} rows are taken: the runner holds more requests than "
+                               "max_num_seqs")
+        row = self._free_rows.pop()
+        known = new.prompt_token_ids + new.output_token_ids
+        self.tokens[row, :len(known)] = known
+        self.num_known[row] = len(known)
+        self.block_table[row] = NULL_BLOCK
+        self.num_blocks[row] = 0
+        self.sample_row[row] = -1
+        self.generation[row] += 1
+        sampling = RowSampling(new.sampling_params, len(new.output_token_ids), self.vocab_size,
+                               base_seed=self.base_seed, rng_stream=new.rng_stream,
+                               eos_token_ids=self.eos_token_ids, wants_logprobs=new.needs_sample_logprobs)
+        if sampling.needs_state:
+            sampling.slot = row
+            self._logit_writes.append((row, sampling.state_rows(new.prompt_token_ids, new.output_token_ids)))
+        self.sampling.set_row(row, sampling)
+        cached = self.requests[new.request_id] = CachedRequest(new, row, self)
+        return cached
 
-    def _step_batch(self, chunks, cached, q_lens, starts) -> tuple[StepBatch, np.ndarray, ProgramKey]:
+    def _step_batch(self, rows, q_lens, starts) -> tuple[StepBatch, np.ndarray, ProgramKey]:
         """The forward's arrays, padded to its bucket: T tokens, min(T, max_num_seqs) sequence rows."""
         key = self.buckets.forward_key(int(q_lens.sum()), decode_only=bool(q_lens.max() <= 1))
         num_tokens, num_rows = key.size, self.buckets.num_seq_rows(key.size)
-        block_tables = np.full((num_rows, self.max_blocks), NULL_BLOCK, np.int32)
-        block_tables[:len(chunks)] = [c.block_table for c in cached]
+        block_tables = np.full((num_rows, self.max_blocks), NULL_BLOCK, np.int32)  # [S, MB]
+        block_tables[:len(rows)] = self.block_table[rows]
         positions, slot_mapping, context_lens, query_start_loc = lay_out_tokens(q_lens, starts, block_tables,
                                                                                 num_tokens, self.block_size)
-        token_ids = np.zeros(num_tokens, np.int32)
-        prev_rows = np.full(num_tokens, -1, np.int32)
-        for i, c in enumerate(cached):
-            first, start, end = query_start_loc[i], starts[i], starts[i] + q_lens[i]
-            known_end = min(end, c.num_tokens)
-            token_ids[first:first + known_end - start] = c.tokens[start:known_end]
-            if known_end < end:  # the chunk ends with the request's pending token: it is still on the device
-                assert end - known_end == 1 and c.sample_row >= 0, "at most one pending token, the newest"
-                prev_rows[first + q_lens[i] - 1] = c.sample_row
+        token_ids, prev_rows = self._token_ids(rows, q_lens, positions)
         logits_indices = np.zeros(self.buckets.num_logits_rows, np.int32)
         batch = StepBatch(token_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
                           logits_indices, decode_only=key.decode_only)
         return batch, prev_rows, key
+
+    def _token_ids(self, rows, q_lens, positions) -> tuple[np.ndarray, np.ndarray]:
+        """[T] each token's id where its value is here (0 elsewhere); [T] prev_rows: the previous step's sampler
+        row where the value is still on the device (-1 elsewhere)."""
+        total = int(q_lens.sum())
+        row_of = np.repeat(rows, q_lens)  # [total] each token's batch row
+        pos = positions[:total]
+        known = pos < self.num_known[row_of]  # [total]
+        token_ids = np.zeros(len(positions), np.int32)
+        token_ids[:total] = np.where(known, self.tokens[row_of, pos], 0)
+        prev_rows = np.full(len(positions), -1, np.int32)
+        pending = np.flatnonzero(~known)
+        if len(pending):
+            pending_rows = row_of[pending]
+            assert (pos[pending] == self.num_known[pending_rows]).all() and \
+                (self.sample_row[pending_rows] >= 0).all(), "at most one pending token per request, its newest"
+            prev_rows[pending] = self.sample_row[pending_rows]
+        return token_ids, prev_rows
 
     @staticmethod
     def _lora_slots(out: SchedulerOutput, cached: list[CachedRequest], q_lens: np.ndarray,
@@ -197,7 +265,7 @@ class InputBatch:
                 row += len(chunk.prompt_logprob_positions)
         return spans
 
-    def _prompt_rows(self, chunks, cached, spans, batch) -> np.ndarray:
+    def _prompt_rows(self, chunks, spans, batch) -> np.ndarray:
         total = spans[-1].first_row + len(spans[-1].positions) if spans else 0
         targets = np.zeros(-(-total // PROMPT_ROWS) * PROMPT_ROWS, np.int32)
         base = self.buckets.num_sample_rows
@@ -206,5 +274,5 @@ class InputBatch:
             rows = slice(span.first_row, span.first_row + len(span.positions))
             offsets = np.arange(span.positions.start, span.positions.stop) - chunks[i].num_computed_before
             batch.logits_indices[base + rows.start:base + rows.stop] = batch.query_start_loc[i] + offsets
-            targets[rows] = cached[i].tokens[span.positions.start + 1:span.positions.stop + 1]
+            targets[rows] = span.cached.data.prompt_token_ids[span.positions.start + 1:span.positions.stop + 1]
         return targets

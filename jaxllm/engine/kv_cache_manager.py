@@ -72,6 +72,8 @@ class KVCacheManager:
         blocks = self._blocks.setdefault(request.request_id, [])
         covered = request.num_computed_tokens + len(cached_prefix) * self.block_size + num_new_tokens
         needed = self.blocks_needed(covered) - len(blocks) - len(cached_prefix)
+        if needed <= 0 and not cached_prefix:
+            return True  # its blocks hold the new tokens already (most decode steps)
         reclaimed = sum(1 for b in cached_prefix if b.ref_count == 0)  # hits now sitting in the free queue
         if needed > self.pool.num_free_blocks - reclaimed:
             return False
@@ -87,11 +89,14 @@ class KVCacheManager:
             return
         rid = request.request_id
         full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        registered = self._num_registered.get(rid, 0)
+        if full <= registered:
+            return  # no block filled up since the last call (most steps)
         hashes = self._full_block_hashes(request)
         blocks = self._blocks[rid]
-        for i in range(self._num_registered.get(rid, 0), full):
+        for i in range(registered, full):
             self.pool.register(blocks[i], hashes[i])
-        self._num_registered[rid] = max(full, self._num_registered.get(rid, 0))
+        self._num_registered[rid] = full
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its prefix stays cached the longest."""

@@ -55,6 +55,13 @@ class ParentState:
     def ranked(self) -> bool:
         return len(self.children) > self.num_returned
 
+    @property
+    def finished(self) -> bool:
+        for child in self.children:  # a loop, not all(genexpr): asked for every request at every step
+            if not child.request.status.finished:
+                return False
+        return True
+
 
 class OutputProcessor:
     def __init__(self, tokenizer):
@@ -82,14 +89,14 @@ class OutputProcessor:
         return RequestState(request, detok, [] if params.logprobs is not None else None,
                             0.0 if request.needs_sample_logprobs else None)
 
-    def record_sample(self, request: Request, result: SampleResult) -> str | None:
-        """Account for the token the scheduler just appended; returns the stop string it completed, if any."""
+    def record_sample(self, request: Request, token_id: int, result: SampleResult | None) -> str | None:
+        """Account for the token the scheduler just appended (`result`: its logprobs, there when the request needs
+        them); returns the stop string it completed, if any."""
         state = self._child_state(request)
-        params = request.sampling_params
         if state.logprobs is not None:
             entry = {tid: Logprob(lp, rank=i + 1, decoded_token=self._decode_one(tid))
-                     for i, (tid, lp) in enumerate(result.top[:params.logprobs])}
-            entry.setdefault(result.token_id, Logprob(result.logprob, result.rank, self._decode_one(result.token_id)))
+                     for i, (tid, lp) in enumerate(result.top[:request.sampling_params.logprobs])}
+            entry.setdefault(token_id, Logprob(result.logprob, result.rank, self._decode_one(token_id)))
             state.logprobs.append(entry)
         if state.cumulative_logprob is not None:
             state.cumulative_logprob += result.logprob
@@ -97,7 +104,7 @@ class OutputProcessor:
             return None
         status = request.status
         stop_terminated = status is RequestStatus.FINISHED_STOPPED  # EOS or a stop token id ended it
-        state.unsent_text += state.detokenizer.update([result.token_id], finished=status.finished,
+        state.unsent_text += state.detokenizer.update([token_id], finished=status.finished,
                                                       stop_terminated=stop_terminated)
         return state.detokenizer.finished_by_stop
 
@@ -109,12 +116,13 @@ class OutputProcessor:
     def outputs_for(self, requests: list[Request]) -> list[RequestOutput]:
         """RequestOutputs for the parents of `requests` (which made progress or finished this step)."""
         now = time.monotonic()
-        parents = list(dict.fromkeys(self.child_parent[r.request_id] for r in requests
-                                     if r.request_id in self.child_parent))
-        results = []
-        for parent in parents:
-            self._update_metrics(parent, now)
-            finished = all(c.request.status.finished for c in parent.children)
+        results, seen = [], set()
+        for request in requests:
+            parent = self.child_parent.get(request.request_id)
+            if parent is None or parent in seen:
+                continue
+            seen.add(parent)
+            finished = self._update_metrics(parent, now)
             if (parent.output_kind == "final" or parent.ranked) and not finished:
                 continue
             results.append(self._assemble(parent, finished))
@@ -161,14 +169,18 @@ class OutputProcessor:
         return CompletionOutput(request.sample_index, text, list(tokens), state.cumulative_logprob, logprobs,
                                 finish, request.stop_reason)
 
-    def _update_metrics(self, parent: ParentState, now: float) -> None:
+    @staticmethod
+    def _update_metrics(parent: ParentState, now: float) -> bool:
+        """-> whether every child has finished."""
         metrics = parent.metrics
-        firsts = [c.request.first_token_time for c in parent.children if c.request.first_token_time]
-        if firsts and metrics.first_token_time is None:
-            metrics.first_token_time = min(firsts)
+        if metrics.first_token_time is None:
+            firsts = [c.request.first_token_time for c in parent.children if c.request.first_token_time]
+            metrics.first_token_time = min(firsts) if firsts else None
         metrics.last_token_time = now
-        if all(c.request.status.finished for c in parent.children):
+        finished = parent.finished
+        if finished:
             metrics.finished_time = now
+        return finished
 
     def mark_scheduled(self, request: Request, now: float) -> None:
         parent = self.child_parent.get(request.request_id)

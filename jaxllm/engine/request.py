@@ -19,8 +19,12 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+        return self in _FINISHED
+
+
+# A module tuple, not a class lookup per call: an Enum member looked up on its class is slow (asked per request
+# per step).
+_FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
 
 
 @dataclasses.dataclass(eq=False)
@@ -46,6 +50,7 @@ class Request:
     lora_int_id: int = 0  # the LoRA adapter it runs with (LoRARequest.lora_int_id); 0: the base model
     wait_for: "Request | None" = None  # a sibling whose prompt must be computed first (n > 1 prefix sharing)
     first_token_time: float | None = None
+    length_limit: int = 0  # max_total_tokens under the scheduler's max_model_len (set when it is added)
 
     def __post_init__(self):
         self._all_token_ids = self.prompt_token_ids + self.output_token_ids
@@ -66,7 +71,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self._all_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

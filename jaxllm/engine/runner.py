@@ -8,7 +8,7 @@
         -> sampler program over the sampled rows' logits, reading and counting into the LogitState (donated);
            prompt-logprob program over the prompt rows
         returns an InflightStep at once: nothing waits for the device
-    fetch(InflightStep): the step's one device-to-host copy -> SampleResults, prompt logprobs
+    fetch(InflightStep): the step's one device-to-host copy -> StepResults (tokens, logprobs where asked for)
 
 Between the two the engine may dispatch the next step (async scheduling): its pending tokens are read by the
 forward program from this step's sampled tokens, which stay on the device.
@@ -51,6 +51,15 @@ class TokenCounts:
     def padded_fraction(self) -> float:
         """Share of the computed token rows that were padding."""
         return 1.0 - self.scheduled / self.computed if self.computed else 0.0
+
+
+@dataclasses.dataclass
+class StepResults:
+    """What a step sampled, by request id."""
+
+    tokens: dict[str, int]  # every request the step sampled for
+    logprobs: dict[str, SampleResult]  # those that need their tokens' logprobs (asked for, or ranked)
+    prompt_logprobs: dict[str, PromptLogprobs]
 
 
 @dataclasses.dataclass
@@ -138,18 +147,23 @@ class ModelRunner:
             adapter = jax.device_put(adapter, NamedSharding(self.mesh, PartitionSpec()))
             self.lora_slots = self._write_slot(self.lora_slots, np.int32(slot), adapter)
 
-    def fetch(self, step: InflightStep) -> tuple[dict[str, SampleResult], dict[str, PromptLogprobs]]:
-        """Wait for the step; the sampled tokens join the cached requests. -> (results, prompt logprobs)."""
+    def fetch(self, step: InflightStep) -> StepResults:
+        """Wait for the step; the sampled tokens join the runner's copies of their requests."""
         inputs = step.inputs
         wants_logprobs = inputs.sampling is not None and bool(inputs.sampling.wants_logprobs)
         sampled = step.sampled if wants_logprobs else (step.sampled.sampled_token_ids if step.sampled else None)
         sampled, prompt_out = jax.device_get((sampled, step.prompt_out))  # the step's one device-to-host copy
-        tokens = sampled.sampled_token_ids if wants_logprobs else sampled
-        results = {}
-        for row, cached in enumerate(inputs.sampled):
-            cached.append(int(tokens[row]))
-            results[cached.request_id] = _sample_result(sampled, row, int(tokens[row]), cached.data)
-        return results, _prompt_logprobs(inputs, prompt_out)
+        tokens = np.zeros(0, np.int32) if sampled is None else \
+            np.asarray(sampled.sampled_token_ids if wants_logprobs else sampled)[:len(inputs.sampled)]  # [N]
+        self.inputs.record_sampled(inputs, tokens)
+        token_ids = tokens.tolist()
+        logprobs = {}
+        if wants_logprobs:
+            for row, cached in enumerate(inputs.sampled):
+                if cached.data.needs_sample_logprobs:
+                    logprobs[cached.request_id] = _sample_result(sampled, row, token_ids[row], cached.data)
+        return StepResults(dict(zip([c.request_id for c in inputs.sampled], token_ids)), logprobs,
+                           _prompt_logprobs(inputs, prompt_out))
 
 
 def _abstract_placed(tree):
@@ -158,9 +172,7 @@ def _abstract_placed(tree):
 
 
 def _sample_result(sampled, row: int, token: int, request: NewRequestData) -> SampleResult:
-    """The row's token, with its logprob and rank when the request needs them, and its top-N when it asked."""
-    if not request.needs_sample_logprobs:
-        return SampleResult(token, 0.0, 0, [])
+    """The row's token with its logprob and rank, and its top-N when the request asked."""
     num_logprobs = request.sampling_params.logprobs or 0
     top = [(int(t), float(lp)) for t, lp in zip(sampled.top_logprob_token_ids[row][:num_logprobs],
                                                   sampled.top_logprobs[row][:num_logprobs])]
@@ -173,13 +185,13 @@ def _prompt_logprobs(inputs: StepInputs, prompt_out: list[tuple]) -> dict[str, P
     target, rank, top_ids, top_lp = (np.concatenate(parts) for parts in zip(*prompt_out))
     result: dict[str, PromptLogprobs] = {}
     for span in inputs.prompt_spans:
-        cached = span.cached
-        n = cached.data.sampling_params.prompt_logprobs
+        request = span.cached.data
+        n = request.sampling_params.prompt_logprobs
         entries = []
         for j, position in enumerate(span.positions, start=span.first_row):
             entry = {int(t): Logprob(float(lp), rank=k + 1) for k, (t, lp) in enumerate(zip(top_ids[j][:n],
                                                                                           top_lp[j][:n]))}
-            entry.setdefault(int(cached.tokens[position + 1]), Logprob(float(target[j]), rank=int(rank[j])))
+            entry.setdefault(request.prompt_token_ids[position + 1], Logprob(float(target[j]), rank=int(rank[j])))
             entries.append(entry)
-        result[cached.request_id] = entries
+        result[request.request_id] = entries
     return result

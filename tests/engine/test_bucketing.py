@@ -86,8 +86,7 @@ def test_every_scheduled_step_matches_a_program_of_the_set(pallas):
         if in_flight and (ahead or not out.chunks):
             done, done_inputs = in_flight.pop(0)
             tokens = {c.request_id: rng.randint(0, vocab - 1) for c in done.chunks if c.samples}
-            for cached in done_inputs.sampled:
-                cached.append(tokens[cached.request_id])
+            inputs.record_sampled(done_inputs, np.array([tokens[c.request_id] for c in done_inputs.sampled], np.int32))
             scheduler.update(done, tokens)
     assert seen - {None} == {p for p in program_set if p.kind in ("forward", "sample")}  # the walk met them all
     assert all(count > 10 for count in met.values()), met
@@ -105,8 +104,8 @@ def _check_mirror(inputs: InputBatch, scheduler: Scheduler, sampled_now: set[str
         assert cached.data.sampling_params is request.sampling_params
         # tokens sampled by steps dispatched before: known or pending (this step's sample counts at commit)
         dispatched = len(request.output_token_ids) + request.num_pending - (request.request_id in sampled_now)
-        assert cached.sampling.num_output == dispatched
-    slots = [c.sampling.slot for c in inputs.requests.values() if c.sampling.slot is not None]
+        assert cached.num_output == dispatched
+    slots = [c.slot for c in inputs.requests.values() if c.slot is not None]
     assert len(slots) == len(set(slots))  # no LogitState slot shared
 
 

@@ -50,7 +50,6 @@ def _run_mixed_workload(buckets: Buckets, max_num_seqs: int, max_num_batched_tok
         steps.append((out.num_tokens, step.forward_key.size))
         inputs.commit(step)
         tokens = {c.request_id: int(rng.integers(0, VOCAB)) for c in out.chunks if c.samples}
-        for cached in step.sampled:
-            cached.append(tokens[cached.request_id])
+        inputs.record_sampled(step, np.array([tokens[c.request_id] for c in step.sampled], np.int32))
         scheduler.update(out, tokens)
     return counts, steps
