@@ -25,6 +25,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    num_preemptions: int = 0  # times its sequences were preempted (their KV blocks freed, recomputed later)
 
     @property
     def time_to_first_token(self) -> float | None:

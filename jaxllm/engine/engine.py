@@ -280,6 +280,9 @@ class LLMEngine:
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
+            "num_waiting_for_lora": min(self.scheduler.num_waiting_for_lora, len(self.scheduler.waiting)),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_prompt_tokens_computed": self.scheduler.num_prompt_tokens_computed,
             "kv_cache_usage": pool.usage(),
             "prefix_cache_queries": pool.prefix_cache_queries,
             "prefix_cache_hits": pool.prefix_cache_hits,

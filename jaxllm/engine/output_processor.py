@@ -132,6 +132,8 @@ class OutputProcessor:
 
     def _assemble(self, parent: ParentState, finished: bool) -> RequestOutput:
         completions = self._best_completions(parent) if parent.ranked else self._completions(parent)
+        if finished:
+            parent.metrics.num_preemptions = sum(child.request.num_preemptions for child in parent.children)
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, parent.prompt_logprobs,
                              completions, finished, parent.metrics,
                              num_cached_tokens=parent.children[0].request.num_cached_tokens)

@@ -90,6 +90,9 @@ class Scheduler:
         self._finished_ids: list[str] = []  # ended since the last schedule (the runner drops their state)
         self._num_steps = 0
         self._scheduled: dict[int, list[Request]] = {}  # step_id -> the Requests of its chunks, until update()
+        self.num_preemptions = 0  # totals, for the server's metrics
+        self.num_prompt_tokens_computed = 0  # prompt positions scheduled for computation (cached ones are not)
+        self.num_waiting_for_lora = 0  # waiting requests the last schedule passed over for want of an adapter slot
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -201,6 +204,7 @@ class Scheduler:
             end = min(start + num_new, request.num_prompt_tokens - 1)
             positions = range(max(start, request.num_prompt_logprob_positions), max(end, 0))
             request.num_prompt_logprob_positions = max(request.num_prompt_logprob_positions, positions.stop)
+        self.num_prompt_tokens_computed += max(0, min(start + num_new, request.num_prompt_tokens) - start)
         request.num_computed_tokens += num_new
         request.num_pending += samples
         return ScheduledChunk(request.request_id, num_new, start, new_block_ids, samples, positions, new)
@@ -211,6 +215,7 @@ class Scheduler:
 
     def _admit_waiting(self, chunks: list[tuple[Request, int]], budget: int) -> int:
         skipped: list[Request] = []
+        waiting_for_lora = 0
         busy = {r.lora_int_id for r in self.running} if self.lora is not None else set()  # adapters in use
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self._pop_next_waiting()
@@ -219,6 +224,7 @@ class Scheduler:
                 continue
             if self.lora is not None and self.lora.acquire(request.lora_int_id, busy) is None:
                 skipped.append(request)  # every adapter slot is in use by running requests
+                waiting_for_lora += 1
                 continue
             first = request.wait_for
             if first is not None and not first.status.finished and not (first.is_prefill_done and
@@ -245,6 +251,7 @@ class Scheduler:
             budget -= num_new
         for request in reversed(skipped):
             self._push_front(request)
+        self.num_waiting_for_lora = waiting_for_lora
         return budget
 
     def _pop_next_waiting(self) -> Request:
@@ -272,6 +279,7 @@ class Scheduler:
         victim.num_computed_tokens = 0
         victim.num_blocks_sent = None
         victim.num_preemptions += 1
+        self.num_preemptions += 1
         self._push_front(victim)
 
     # ------------------------------------------------------------------ after the model ran

@@ -90,8 +90,8 @@ def wait_for(condition, timeout_s: float, what: str):
 
 
 def wait_until_idle(url: str) -> dict:
-    return wait_for(lambda: (m := metrics(url))["jaxllm:num_requests_running"] == 0 and
-                    m["jaxllm:num_requests_waiting"] == 0 and m["jaxllm:kv_cache_usage_perc"] == 0 and m,
+    return wait_for(lambda: (m := metrics(url))["vllm:num_requests_running"] == 0 and
+                    m["vllm:num_requests_waiting"] == 0 and m["vllm:kv_cache_usage_perc"] == 0 and m,
                     10, "no request left and every KV block free")
 
 
@@ -103,7 +103,7 @@ def test_a_fault_in_a_step_fails_the_requests_in_flight_and_health(start_server,
     stream = StreamReader(server.url, "a streamed request in flight")
     stream.start()
     assert stream.started.wait(90), "the stream never started"
-    wait_for(lambda: metrics(server.url)["jaxllm:num_requests_running"] >= 2, 30, "both requests running")
+    wait_for(lambda: metrics(server.url)["vllm:num_requests_running"] >= 2, 30, "both requests running")
 
     faulty = complete(server.url, f"this one breaks the step {STEP_MARKER}")
     non_streamed.join(60)

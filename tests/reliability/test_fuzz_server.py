@@ -295,8 +295,8 @@ def wait_until_idle(url: str, timeout_s: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         now = metrics(url)
-        idle = now["jaxllm:num_requests_running"] == 0 and now["jaxllm:num_requests_waiting"] == 0
-        if (idle and now["jaxllm:kv_cache_usage_perc"] == 0) or time.monotonic() > deadline:
+        idle = now["vllm:num_requests_running"] == 0 and now["vllm:num_requests_waiting"] == 0
+        if (idle and now["vllm:kv_cache_usage_perc"] == 0) or time.monotonic() > deadline:
             return now
         time.sleep(0.1)
 
@@ -328,7 +328,7 @@ def test_fuzzed_bodies_never_break_the_server(guarded_server, capsys):
     assert not problems, f"{len(problems)} bad responses:\n" + "\n".join(problems[:15])
     assert httpx.get(guarded_server.url + "/health", timeout=10).status_code == 200
     idle = wait_until_idle(guarded_server.url)
-    assert idle["jaxllm:num_requests_running"] == 0 and idle["jaxllm:kv_cache_usage_perc"] == 0, idle
+    assert idle["vllm:num_requests_running"] == 0 and idle["vllm:kv_cache_usage_perc"] == 0, idle
     assert statuses[200] > NUM_BODIES // 20, statuses  # the fuzzer still produces valid requests too
 
 

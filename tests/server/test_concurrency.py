@@ -80,9 +80,9 @@ def test_disconnect_aborts_and_frees_blocks(server):
     deadline = time.monotonic() + 1.0
     while True:  # the aborted requests are gone and every block is back in the pool
         now = metrics(server.url)
-        if now["jaxllm:num_requests_running"] == 0 and now["jaxllm:kv_cache_usage_perc"] == 0:
+        if now["vllm:num_requests_running"] == 0 and now["vllm:kv_cache_usage_perc"] == 0:
             break
         assert time.monotonic() < deadline, now
         time.sleep(0.05)
-    generated = now["jaxllm:generation_tokens_total"] - before["jaxllm:generation_tokens_total"]
+    generated = now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < 4 * 48 + 4 * 200 / 2  # the dropped requests stopped early

@@ -83,12 +83,12 @@ def test_non_streamed_request_is_aborted_when_its_client_leaves(faulty):
     deadline = time.monotonic() + STALL_S + 60  # the stall, and the first step's compile
     while True:  # a step ran after the stall, and nothing runs any more: aborted, or done with its 200 tokens
         now = metrics(faulty.url)
-        if now[steps] > before[steps] and now["jaxllm:num_requests_running"] == 0 and \
-                now["jaxllm:kv_cache_usage_perc"] == 0:
+        if now[steps] > before[steps] and now["vllm:num_requests_running"] == 0 and \
+                now["vllm:kv_cache_usage_perc"] == 0:
             break
         assert time.monotonic() < deadline, now
         time.sleep(0.05)
-    generated = now["jaxllm:generation_tokens_total"] - before["jaxllm:generation_tokens_total"]
+    generated = now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < 200, generated
 
 

@@ -164,11 +164,11 @@ def test_metrics_count_requests_and_tokens(server, api):
     before = metrics(server.url)
     api.completions.create(model=MODEL, prompt="metrics", max_tokens=6, temperature=0)
     after = metrics(server.url)
-    assert after["jaxllm:generation_tokens_total"] - before["jaxllm:generation_tokens_total"] == 6
-    assert after["jaxllm:prompt_tokens_total"] > before["jaxllm:prompt_tokens_total"]
-    assert after['jaxllm:request_success_total{finished_reason="length"}'] > \
-        before.get('jaxllm:request_success_total{finished_reason="length"}', 0)
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 6
+    assert after["vllm:prompt_tokens_total"] > before["vllm:prompt_tokens_total"]
+    assert after['vllm:request_success_total{finished_reason="length"}'] > \
+        before.get('vllm:request_success_total{finished_reason="length"}', 0)
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
-        assert after[f"jaxllm:{name}_count"] > before.get(f"jaxllm:{name}_count", 0)
-    assert after["jaxllm:num_requests_running"] == 0 and after["jaxllm:kv_cache_usage_perc"] == 0
-    assert "jaxllm:prefix_cache_hits_total" in after and "jaxllm:num_requests_waiting" in after
+        assert after[f"vllm:{name}_count"] > before.get(f"vllm:{name}_count", 0)
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+    assert "vllm:prefix_cache_hits_total" in after and "vllm:num_requests_waiting" in after

@@ -172,7 +172,8 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     the problem); allow_runtime_lora_updating adds the load/unload routes, server_load_tracking GET /load and
     tokenizer_info_endpoint GET /tokenizer_info; cors: CORSMiddleware's arguments (None: no CORS); docs: FastAPI's
     /docs, /redoc and /openapi.json."""
-    metrics = ServerMetrics(served_model_names[0])
+    metrics = ServerMetrics(served_model_names[0], engine.scheduler_config.max_model_len)
+    metrics.describe_cache(engine.cache_config)
     async_engine = AsyncEngine(engine, metrics, max_queue_len, stall_timeout_s)
     models = ServedModels(async_engine, served_model_names)
     models.add_at_start(lora_modules)  # before the engine thread starts: the engine is still this thread's

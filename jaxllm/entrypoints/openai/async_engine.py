@@ -157,14 +157,15 @@ class AsyncEngine:
             raise ValueError(f"n: this request needs {num_seqs} sequences; the server holds at most {capacity} "
                              f"({self.max_num_seqs} batch slots + a queue of {self.max_queue_len})")
         if self._num_in_flight + num_seqs > capacity:
+            self.metrics.admission_rejections.inc()
             raise QueueFullError(f"the server is at capacity: {self._num_in_flight} sequences in flight "
                                  f"({self.max_num_seqs} batch slots + a queue of {self.max_queue_len})")
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams,
                           lora_request: LoRARequest | None = None, priority: int = 0) -> "RequestStream":
         """Submit a request (run with `lora_request`'s adapter, or the base model for None; `priority` for the
-        scheduler's priority policy) and wait until the engine thread accepted it (between two steps). Raises ValueError for an invalid request, QueueFullError,
-        EngineDeadError, or RequestFailedError."""
+        scheduler's priority policy) and wait until the engine thread accepted it (between two steps). Raises
+        ValueError for an invalid request, QueueFullError, EngineDeadError, or RequestFailedError."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
         num_seqs = params.num_sequences
@@ -209,9 +210,8 @@ class AsyncEngine:
             while not self._stopping.is_set():
                 busy = self.engine.has_unfinished_requests()
                 self._apply_commands(block=not busy)
-                if self.engine.has_unfinished_requests():
-                    self._step()
-                self.metrics.record_engine(self.engine.stats())
+                generated = self._step() if self.engine.has_unfinished_requests() else 0
+                self.metrics.record_engine(self.engine.stats(), generated)
                 self._heartbeat = time.monotonic()
             self._abort_remaining()
         except BaseException as e:  # noqa: BLE001 - any failure kills the loop; /health reports it
@@ -278,6 +278,7 @@ class AsyncEngine:
             stream.put(RequestFailedError(f"the engine failed to add the request: {e!r}"))
             return
         self._streams[request_id] = stream
+        self.metrics.record_request(params)
         stream.put(_ACCEPTED)
 
     def _call(self, fn: Callable[[Any], Any], reply: _Reply) -> None:
@@ -289,7 +290,8 @@ class AsyncEngine:
             logger.exception("an engine command failed")
             reply.put(RequestFailedError(f"the engine command failed: {e!r}"))
 
-    def _step(self) -> None:
+    def _step(self) -> int:
+        """One engine step; its outputs to their streams. Returns the tokens it generated."""
         if self._faults is not None:
             self._faults.before_step()
         outputs = self.engine.step()
@@ -305,3 +307,4 @@ class AsyncEngine:
             if output.finished:
                 del self._streams[output.request_id]
             stream.put(output)
+        return sum(len(c.token_ids) for output in outputs for c in output.outputs)
