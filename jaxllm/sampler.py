@@ -44,7 +44,8 @@ class SamplerOutput:
     sampled_token_ids      [R]     int32
     sampled_logprobs       [R]     float32  logprob of the sampled token
     sampled_ranks          [R]     int32    1 + number of tokens with a larger logprob
-    top_logprob_token_ids  [R, N]  int32    N = MAX_LOGPROBS, most likely first (a request keeps its own count)
+    top_logprob_token_ids  [R, N]  int32    N = MAX_LOGPROBS, most likely first (a request keeps its own count);
+                                            a row with logprob_token_ids: those ids, in their order
     top_logprobs           [R, N]  float32
     """
 
@@ -68,7 +69,12 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
     num_top = min(MAX_LOGPROBS, logits.shape[1])
 
     def with_logprobs():
-        return SamplerOutput(tokens, *token_logprobs(jax.nn.log_softmax(logits, axis=-1), tokens, num_top))
+        logprobs = jax.nn.log_softmax(logits, axis=-1)
+        chosen, ranks, top_ids, top_logprobs = token_logprobs(logprobs, tokens, num_top)
+        if batch.state is not None:  # rows with logprob_token_ids report those ids instead of the top-N
+            asked = batch.state.logprob_token_ids[batch.slot][:, :num_top]  # [R, N]
+            top_ids, top_logprobs = _asked_ids(logprobs, asked, top_ids, top_logprobs)
+        return SamplerOutput(tokens, chosen, ranks, top_ids, top_logprobs)
 
     return lax.cond(batch.wants_logprobs, with_logprobs, lambda: _no_logprobs(tokens, num_top))
 
@@ -238,6 +244,14 @@ def token_logprobs(logprobs: jax.Array, tokens: jax.Array, num_top: int):
     ranks = 1 + (logprobs > chosen[:, None]).sum(-1, dtype=jnp.int32)
     top_logprobs, top_ids = lax.top_k(logprobs, num_top)  # [R, N]
     return chosen, ranks, top_ids.astype(jnp.int32), top_logprobs
+
+
+def _asked_ids(logprobs: jax.Array, asked: jax.Array, top_ids: jax.Array, top_logprobs: jax.Array):
+    """Rows whose asked ids [R, N] start with a token: those ids and their logprobs, in their order (NO_TOKEN
+    after them); the other rows keep their top-N. -> ([R, N] int32, [R, N] float32)."""
+    asks = (asked[:, :1] != NO_TOKEN)  # [R, 1]
+    gathered = jnp.take_along_axis(logprobs, jnp.maximum(asked, 0), axis=1)  # [R, N]
+    return jnp.where(asks, asked, top_ids), jnp.where(asks, gathered, top_logprobs)
 
 
 def _no_logprobs(tokens: jax.Array, top: int) -> SamplerOutput:

@@ -25,6 +25,8 @@ LogitState holds, per slot, what is O(V) per request; M slots plus a last, neutr
     bad_words            [M+1, K, L]  int32 bad_words' token sequences, right-aligned, NO_TOKEN on the left;
                                             a sequence of NO_TOKEN is unused (K = MAX_BAD_WORDS, L = MAX_BAD_WORD_LEN)
     recent_tokens        [M+1, L-1]   int32 the last L-1 sampled tokens, newest last; NO_TOKEN before the first
+    logprob_token_ids    [M+1, N]     int32 logprob_token_ids: the ids whose logprobs replace the top-N in the
+                                            sampler's output, NO_TOKEN after them (N = MAX_LOGPROBS)
 
 A bad word's last token gets -inf when the tokens sampled just before are the rest of it (vLLM's bad_words), so
 the device, which holds the sampled tokens, decides: `recent_tokens` moves on with each one.
@@ -49,7 +51,7 @@ import jax
 import numpy as np
 from flax import struct
 
-from jaxllm.sampling_params import MAX_BAD_WORD_LEN, MAX_BAD_WORDS, SamplingParams, SamplingType
+from jaxllm.sampling_params import MAX_BAD_WORD_LEN, MAX_BAD_WORDS, MAX_LOGPROBS, SamplingParams, SamplingType
 
 _UINT32_MASK = 0xFFFFFFFF
 IN_PROMPT, STOP_ID = 1, 2  # LogitState.token_flags bits
@@ -63,6 +65,7 @@ class LogitState:
     bias: jax.Array
     bad_words: jax.Array
     recent_tokens: jax.Array
+    logprob_token_ids: jax.Array
 
     @property
     def neutral_slot(self) -> int:
@@ -73,7 +76,8 @@ def logit_row_shapes(vocab_size: int) -> LogitState:
     """One slot's rows: their shapes and dtypes (jax.ShapeDtypeStruct)."""
     spec = jax.ShapeDtypeStruct
     return LogitState(spec((vocab_size,), np.int32), spec((vocab_size,), np.int8), spec((vocab_size,), np.float32),
-                      spec((MAX_BAD_WORDS, MAX_BAD_WORD_LEN), np.int32), spec((MAX_BAD_WORD_LEN - 1,), np.int32))
+                      spec((MAX_BAD_WORDS, MAX_BAD_WORD_LEN), np.int32), spec((MAX_BAD_WORD_LEN - 1,), np.int32),
+                      spec((MAX_LOGPROBS,), np.int32))
 
 
 def logit_state_shapes(num_slots: int, vocab_size: int) -> LogitState:
@@ -85,7 +89,7 @@ def logit_state_shapes(num_slots: int, vocab_size: int) -> LogitState:
 def empty_logit_state(num_slots: int, vocab_size: int) -> LogitState:
     """num_slots writable slots and the neutral one, all neutral (numpy): zeros, no bad words, no tokens."""
     shapes = logit_state_shapes(num_slots, vocab_size)
-    fills = LogitState(0, 0, 0.0, NO_TOKEN, NO_TOKEN)
+    fills = LogitState(0, 0, 0.0, NO_TOKEN, NO_TOKEN, NO_TOKEN)
     return jax.tree.map(lambda s, fill: np.full(s.shape, fill, s.dtype), shapes, fills)
 
 
@@ -141,7 +145,7 @@ class RowSampling:
     @property
     def needs_state(self) -> bool:
         """Whether the request needs a LogitState slot (at any point of its generation)."""
-        return self.adjusts_always or self.stop_ids_until > 0
+        return self.adjusts_always or self.stop_ids_until > 0 or bool(self.params.logprob_token_ids)
 
     @property
     def adjusts_always(self) -> bool:
@@ -172,7 +176,9 @@ class RowSampling:
         recent = np.full(MAX_BAD_WORD_LEN - 1, NO_TOKEN, np.int32)
         last = list(output_token_ids)[-(MAX_BAD_WORD_LEN - 1):]
         recent[len(recent) - len(last):] = last
-        return LogitState(counts, flags, bias, bad_words, recent)
+        chosen = np.full(MAX_LOGPROBS, NO_TOKEN, np.int32)
+        chosen[:len(self.params.logprob_token_ids or [])] = self.params.logprob_token_ids or []
+        return LogitState(counts, flags, bias, bad_words, recent, chosen)
 
 
 class SamplingTable:

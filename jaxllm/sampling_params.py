@@ -51,6 +51,8 @@ class SamplingParams:
     max_tokens: most tokens to generate; None means up to the model's context.
     min_tokens: EOS and stop_token_ids cannot be sampled, nor stop strings match, before this many tokens.
     logprobs: None, or the number of top logprobs per output token (0: only the sampled token's).
+    logprob_token_ids: the token ids whose logprobs are reported at every output position instead of the top
+        `logprobs` (beside the sampled token's); needs logprobs (vLLM's field).
     prompt_logprobs: None, or the number of top logprobs per prompt token.
     skip_special_tokens / spaces_between_special_tokens: detokenization options.
     include_stop_str_in_output: keep the matched stop string at the end of the output text.
@@ -84,6 +86,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    logprob_token_ids: list[int] | None = None
     detokenize: bool = True
 
     def __post_init__(self) -> None:
@@ -169,7 +172,8 @@ class SamplingParams:
         [0, vocab_size)."""
         for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids),
                           ("allowed_token_ids", self.allowed_token_ids or []),
-                          ("bad_words", [i for ids in self._bad_words_token_ids for i in ids])):
+                          ("bad_words", [i for ids in self._bad_words_token_ids for i in ids]),
+                          ("logprob_token_ids", self.logprob_token_ids or [])):
             bad = [i for i in ids if not 0 <= i < vocab_size]
             if bad:
                 raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), got {bad}")
@@ -210,9 +214,24 @@ class SamplingParams:
                                  f"{self.allowed_token_ids!r}")
             for token in self.allowed_token_ids:
                 _require_int("allowed_token_ids", token, low=0)
+        self._validate_logprob_token_ids()
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or not all(
                 isinstance(w, str) and w.strip() for w in self.bad_words)):
             raise ValueError(f"bad_words must be a list of non-blank strings, got {self.bad_words!r}")
+
+    def _validate_logprob_token_ids(self) -> None:
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        if not isinstance(ids, (list, tuple)) or not 1 <= len(ids) <= MAX_LOGPROBS:
+            raise ValueError(f"logprob_token_ids must be a list of 1 to {MAX_LOGPROBS} token ids, got {ids!r}")
+        for token in ids:
+            _require_int("logprob_token_ids", token, low=0)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"logprob_token_ids must not repeat a token id, got {ids!r}")
+        if self.logprobs is None:
+            raise ValueError("logprob_token_ids needs logprobs (the ids' logprobs are reported with the sampled "
+                             "token's)")
 
     def _validate_logit_bias(self) -> None:
         if self.logit_bias is None:

@@ -94,8 +94,9 @@ class OutputProcessor:
         them); returns the stop string it completed, if any."""
         state = self._child_state(request)
         if state.logprobs is not None:
-            entry = {tid: Logprob(lp, rank=i + 1, decoded_token=self._decode_one(tid))
-                     for i, (tid, lp) in enumerate(result.top[:request.sampling_params.logprobs])}
+            asked = bool(request.sampling_params.logprob_token_ids)  # then no rank: the ids are the user's
+            entry = {tid: Logprob(lp, rank=None if asked else i + 1, decoded_token=self._decode_one(tid))
+                     for i, (tid, lp) in enumerate(result.top)}
             entry.setdefault(token_id, Logprob(result.logprob, result.rank, self._decode_one(token_id)))
             state.logprobs.append(entry)
         if state.cumulative_logprob is not None:

@@ -173,7 +173,8 @@ def _abstract_placed(tree):
 
 def _sample_result(sampled, row: int, token: int, request: NewRequestData) -> SampleResult:
     """The row's token with its logprob and rank, and its top-N when the request asked."""
-    num_logprobs = request.sampling_params.logprobs or 0
+    params = request.sampling_params
+    num_logprobs = len(params.logprob_token_ids) if params.logprob_token_ids else params.logprobs or 0
     top = [(int(t), float(lp)) for t, lp in zip(sampled.top_logprob_token_ids[row][:num_logprobs],
                                                   sampled.top_logprobs[row][:num_logprobs])]
     return SampleResult(token, float(sampled.sampled_logprobs[row]), int(sampled.sampled_ranks[row]), top)

@@ -285,3 +285,27 @@ def test_request_logging_flags_parse():
     assert parse(["--enable-log-requests"]).enable_log_requests is True
     assert parse(["--enable-log-requests", "--disable-log-requests"]).enable_log_requests is False
 
+
+
+def test_logprob_token_ids(server):
+    """vLLM's logprob_token_ids: each position reports the asked ids' logprobs (raw, as the top-N would give
+    them) and the sampled token's, whatever top_logprobs / logprobs ask."""
+    base = dict(prompt="Hello", max_tokens=1, temperature=0, return_tokens_as_token_ids=True)
+    free = post(server, "/v1/completions", {**base, "logprobs": 3})["choices"][0]["logprobs"]["top_logprobs"][0]
+    top3 = {int(k.removeprefix("token_id:")): v for k, v in free.items()}
+    asked = sorted(top3)[:2]
+    choice = post(server, "/v1/completions", {**base, "logprobs": 5, "logprob_token_ids": asked + [5000],
+                                              "allowed_token_ids": [42]})["choices"][0]
+    assert choice["logprobs"]["tokens"] == ["token_id:42"]
+    entries = choice["logprobs"]["top_logprobs"][0]
+    assert set(entries) == {"token_id:42", *(f"token_id:{t}" for t in asked + [5000])}
+    assert all(entries[f"token_id:{t}"] == pytest.approx(top3[t], abs=1e-5) for t in asked)
+    chunks = events(server, "/v1/chat/completions", dict(messages=CHAT, max_tokens=1, temperature=0, logprobs=True,
+                                                         logprob_token_ids=[5000], allowed_token_ids=[42],
+                                                         return_tokens_as_token_ids=True))
+    tops = [top["token"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+            for entry in c["choices"][0]["logprobs"]["content"] for top in entry["top_logprobs"]]
+    assert set(tops) == {"token_id:42", "token_id:5000"}
+    refused = httpx.post(server.url + "/v1/completions", json={"model": MODEL, **base, "logprob_token_ids": [7]},
+                         timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprob_token_ids"

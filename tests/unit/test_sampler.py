@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -259,6 +261,37 @@ def test_logprobs_come_from_raw_logits(requested):
     assert out.top_logprobs.shape == out.top_logprob_token_ids.shape == (4, bucket)
     np.testing.assert_array_equal(out.top_logprob_token_ids, np.argsort(-want, axis=-1, kind="stable")[:, :bucket])
     np.testing.assert_allclose(out.top_logprobs, np.sort(want, -1)[:, ::-1][:, :bucket], atol=1e-5)
+
+
+def test_logprob_token_ids_replace_the_top_n_of_their_row_only():
+    """A row with logprob_token_ids reports those ids' raw logprobs, in their order, where the others report
+    their top-N; ids outside the top-N and a logit bias on the row change nothing of that."""
+    rng = np.random.RandomState(5)
+    logits = rng.randn(3, 200).astype(np.float32)
+    asked = [150, 3, 77]
+    rows = [row(temperature=0.0, logprobs=2, logprob_token_ids=asked, logit_bias={3: 50.0}),
+            row(temperature=0.0, logprobs=2), row(temperature=0.7, seed=4, logprobs=0)]
+    out = run(logits, rows)
+    want = log_softmax(logits)
+    np.testing.assert_array_equal(out.top_logprob_token_ids[0][:3], asked)
+    np.testing.assert_allclose(out.top_logprobs[0][:3], want[0, asked], atol=1e-5)
+    assert out.sampled_token_ids[0] == 3  # sampled with the bias; its logprob is still the raw one
+    np.testing.assert_allclose(out.sampled_logprobs[0], want[0, 3], atol=1e-5)
+    for r in (1, 2):
+        np.testing.assert_array_equal(out.top_logprob_token_ids[r], np.argsort(-want[r], kind="stable")[:MAX_LOGPROBS])
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([], "logprob_token_ids must be a list of 1 to 20 token ids"),
+    (list(range(21)), "logprob_token_ids must be a list of 1 to 20 token ids"),
+    ([4, 4], "logprob_token_ids must not repeat a token id"),
+    ([-1], "logprob_token_ids must be an int >= 0"),
+])
+def test_bad_logprob_token_ids_are_named(ids, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams(logprobs=1, logprob_token_ids=ids)
+    with pytest.raises(ValueError, match="logprob_token_ids needs logprobs"):
+        SamplingParams(logprob_token_ids=[4])
 
 
 def seeded_tokens(sample_fn, position, num_rows, neighbours, steps=6):

@@ -94,6 +94,7 @@ class SamplingRequest(RequestModel):
     truncate_prompt_tokens: int | None = None  # keep this many prompt tokens (-1: max_model_len)
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    logprob_token_ids: list[int] | None = None  # report these ids' logprobs instead of the top-N
     priority: int = 0  # lower runs first (the server's --scheduling-policy priority)
     return_token_ids: bool | None = None  # choices carry prompt_token_ids and token_ids
     return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:<id>" (None: the server's flag)
@@ -122,6 +123,7 @@ class SamplingRequest(RequestModel):
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+            logprob_token_ids=self.logprob_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,

@@ -28,7 +28,7 @@ _NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
     "response_format": (None, {"type": "text"}), "structured_outputs": (None,), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "structural_tag": (None,),
     "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,),
-    "watermarking": (None, False), "logprob_token_ids": (None,), "return_weight_versions": (False,),
+    "watermarking": (None, False), "return_weight_versions": (False,),
     "ec_transfer_params": (None,), "repetition_detection": (None,), "stream_interval": (None, 1),
     "thinking_token_budget": (None,),
     # what only vLLM's render endpoints, expert routing reports or session routing read: no effect here

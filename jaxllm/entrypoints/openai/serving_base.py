@@ -298,7 +298,8 @@ def prompt_logprobs_field(entries: list[dict[int, Logprob] | None] | None, token
              for tid, lp in entry.items()} for entry in entries]
 
 
-def sampled_and_top(entry: dict[int, Logprob], token_id: int, top_n: int):
-    """(the sampled token's Logprob, the top_n alternatives as (id, Logprob) by rank)."""
+def sampled_and_top(entry: dict[int, Logprob], token_id: int, top_n: int | None):
+    """(the sampled token's Logprob, the top_n alternatives as (id, Logprob) by rank); top_n None: every entry
+    (logprob_token_ids: the asked ids, in their order, and the sampled token)."""
     ranked = sorted(entry.items(), key=lambda kv: (kv[1].rank or 0))
     return entry[token_id], ranked[:top_n]

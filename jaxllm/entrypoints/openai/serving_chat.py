@@ -127,7 +127,8 @@ class ChatServing(ServingBase):
     def _logprobs(self, completion: CompletionOutput, request: ChatCompletionRequest) -> list[ChatLogprobToken]:
         if not request.logprobs:
             return []
-        top_n, as_id = request.top_logprobs or 0, self.tokens_as_ids(request)
+        top_n = None if request.logprob_token_ids else request.top_logprobs or 0
+        as_id = self.tokens_as_ids(request)
         tokens = []
         for token_id, entry in zip(completion.token_ids, completion.logprobs or []):
             sampled, top = sampled_and_top(entry, token_id, top_n)

@@ -59,7 +59,8 @@ class CompletionServing(ServingBase):
                 generated += len(completion.token_ids)
                 if request.logprobs is not None:
                     self._add_logprobs(logprobs.setdefault(index, CompletionLogprobs()), completion,
-                                       request.logprobs, sum(map(len, texts[index][:-1])), as_id)
+                                       request.logprobs, sum(map(len, texts[index][:-1])), as_id,
+                                       bool(request.logprob_token_ids))
                 last[index] = completion
 
         await self.collect(merge(streams), consume)
@@ -102,7 +103,8 @@ class CompletionServing(ServingBase):
                         logprobs = CompletionLogprobs()
                         if first and request.echo:
                             self._add_prompt_logprobs(logprobs, output, request.logprobs, as_id)
-                        self._add_logprobs(logprobs, completion, request.logprobs, sent_chars[index], as_id)
+                        self._add_logprobs(logprobs, completion, request.logprobs, sent_chars[index], as_id,
+                                           bool(request.logprob_token_ids))
                     sent_chars[index] += len(completion.text)
                     choice = CompletionStreamChoice(
                         index=index, text=text, logprobs=logprobs, finish_reason=completion.finish_reason,
@@ -126,15 +128,17 @@ class CompletionServing(ServingBase):
         return self.tokenizer.decode(output.prompt_token_ids) if self.tokenizer is not None else ""
 
     def _add_logprobs(self, into: CompletionLogprobs, completion: CompletionOutput, top_n: int,
-                      offset: int, as_id: bool) -> None:
-        self._add_entries(into, completion.token_ids, completion.logprobs or [], top_n, offset, as_id)
+                      offset: int, as_id: bool, every_entry: bool = False) -> None:
+        """every_entry: logprob_token_ids asked for: each position's entries are those ids and the sampled token."""
+        self._add_entries(into, completion.token_ids, completion.logprobs or [], None if every_entry else top_n,
+                          offset, as_id)
 
     def _add_prompt_logprobs(self, into: CompletionLogprobs, output: RequestOutput, top_n: int,
                              as_id: bool) -> None:
         """The echoed prompt's tokens (the first has no logprob: nothing predicts it), from offset 0."""
         self._add_entries(into, output.prompt_token_ids, output.prompt_logprobs or [], top_n, 0, as_id)
 
-    def _add_entries(self, into: CompletionLogprobs, token_ids, entries, top_n: int, offset: int,
+    def _add_entries(self, into: CompletionLogprobs, token_ids, entries, top_n: int | None, offset: int,
                      as_id: bool) -> None:
         """Per token: its text (or "token_id:<id>"), offset, logprob and top logprobs, the token itself first
         and then the top_n (vLLM: logprobs=0 still gives the token's own)."""
