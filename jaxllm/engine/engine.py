@@ -76,6 +76,8 @@ class LLMEngine:
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
                                    self.lora)
+        if self.lora is not None:  # the adapters of the requests in the engine stay in the host cache
+            self.lora.in_use = lambda: {r.lora_int_id for r in self.scheduler.requests.values()}
         self.processor = OutputProcessor(self.tokenizer)
         self._lora_removals: set[int] = set()  # adapters retired, unregistered once no request uses them
         self.num_steps = 0
@@ -88,14 +90,15 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
                     arrival_time: float | None = None, priority: int = 0, output_kind: str = "cumulative",
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None, lora_arrays=None) -> None:
         """Queue a request; raises ValueError (naming the field) if it is invalid or could never fit.
         lora_request: the adapter to run it with (None: the prompt dict's "lora_request", else the base model);
-        its files are read and checked the first time it is seen."""
+        its files are read and checked when it is first seen, or again if it was evicted from the host cache,
+        unless the caller read them already (lora_arrays: LoRAManager.read_arrays, e.g. on another thread)."""
         params = params or SamplingParams()
         if lora_request is None and isinstance(prompt, dict):
             lora_request = prompt.get("lora_request")
-        lora_int_id = self._register_lora(lora_request)
+        lora_int_id = self._register_lora(lora_request, lora_arrays)
         if output_kind not in OUTPUT_KINDS:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         if request_id in self.processor.parents:
@@ -151,8 +154,8 @@ class LLMEngine:
             return []
         return [r for i, r in self.lora.registered.items() if i not in self.lora.retired]
 
-    def _register_lora(self, lora_request: LoRARequest | None) -> int:
-        """The adapter's id (0 for none), registering it with the manager."""
+    def _register_lora(self, lora_request: LoRARequest | None, arrays=None) -> int:
+        """The adapter's id (0 for none), registering it with the manager (which then holds its arrays)."""
         if lora_request is None:
             return 0
         if not isinstance(lora_request, LoRARequest):
@@ -160,7 +163,7 @@ class LLMEngine:
         if self.lora is None:
             raise ValueError(f"lora_request {lora_request.lora_name!r} given, but LoRA is not enabled "
                              "(enable_lora=True)")
-        self.lora.register(lora_request)
+        self.lora.register(lora_request, arrays)
         return lora_request.lora_int_id
 
     def _drop_removed_loras(self) -> None:

@@ -140,9 +140,14 @@ class ModelRunner:
         return InflightStep(inputs, sampled, prompt_out)
 
     def _load_adapters(self, loads: list[tuple[int, int]]) -> None:
-        """Write each (slot, lora id) the scheduler assigned into its device slot, before the step reads it."""
+        """Write each (slot, lora id) the scheduler assigned into its device slot, before the step reads it (lora
+        id 0: zeros, the slot of an adapter that was removed)."""
         for slot, lora_int_id in loads:
-            adapter = device_slots.lay_out(self.lora.host_adapter(lora_int_id), self.config, self.mesh.size)
+            if lora_int_id == 0:  # a freed slot: zeroed
+                adapter = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), device_slots.abstract_adapter(
+                    self.lora_slots))
+            else:
+                adapter = device_slots.lay_out(self.lora.host_adapter(lora_int_id), self.config, self.mesh.size)
             # the write program takes the adapter replicated over the mesh
             adapter = jax.device_put(adapter, NamedSharding(self.mesh, PartitionSpec()))
             self.lora_slots = self._write_slot(self.lora_slots, np.int32(slot), adapter)

@@ -4,8 +4,10 @@ Host-only (plain Python and numpy). Three levels, as in vLLM:
 
     registered   every LoRARequest seen (id -> request); a new one is read and checked when first added, so a
                  bad adapter fails its own request at once
-    host cache   the adapters' arrays (peft.HostAdapter), an LRU of at most max_cpu_loras (read again from
-                 their directory when needed after eviction)
+    host cache   the adapters' arrays (peft.HostAdapter), an LRU of at most max_cpu_loras; an adapter a request
+                 in the engine uses is never evicted (the cache may then hold more), so the engine's step never
+                 reads a file: a request whose adapter was evicted has it read again when it is added (a file
+                 gone by then fails that request alone)
     device slots max_loras slots, 1..max_loras (slot 0 means "no adapter"), an LRU: a request is admitted only
                  when its adapter is in a slot, or a slot is free, or the least recently used slot holds an
                  adapter no running request uses; otherwise it waits. A newly assigned slot is reported by
@@ -26,8 +28,11 @@ class AdapterRemovedError(ValueError):
 
 
 class LoRAManager:
-    def __init__(self, config: ModelConfig, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int, dtype):
+    def __init__(self, config: ModelConfig, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int, dtype,
+                 in_use=lambda: set()):
+        """in_use: () -> the adapter ids the engine's requests use (those stay in the host cache)."""
         self.config = config
+        self.in_use = in_use
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
@@ -39,8 +44,10 @@ class LoRAManager:
         self._loads: list[tuple[int, int]] = []  # (slot, lora id) assigned since the last take_loads
 
     # ------------------------------------------------------------------ adapters
-    def register(self, lora: LoRARequest) -> None:
-        """Know `lora` (read and check its files if new); ValueError if its id is another adapter's."""
+    def register(self, lora: LoRARequest, arrays: HostAdapter | None = None) -> None:
+        """Know `lora` and hold its arrays: `arrays` when the caller read them (read_arrays, off the engine
+        thread), else read and checked here if new or evicted; ValueError if its id is another adapter's or its
+        files cannot be read."""
         if lora.lora_int_id in self.retired:
             raise AdapterRemovedError(f"LoRA adapter id {lora.lora_int_id} was removed; give a new adapter a new id")
         known = self.registered.get(lora.lora_int_id)
@@ -48,12 +55,18 @@ class LoRAManager:
             if (known.lora_name, known.lora_path) != (lora.lora_name, lora.lora_path):
                 raise ValueError(f"lora_int_id {lora.lora_int_id} is already adapter {known.lora_name!r} "
                                  f"({known.lora_path}); each adapter needs its own id")
+            if lora.lora_int_id not in self._host:  # evicted: read it again now, before its request is taken
+                self._cache(lora.lora_int_id, arrays if arrays is not None else self.read_arrays(lora))
             return
         for other_id, other in self.registered.items():
             if other.lora_name == lora.lora_name and other_id not in self.retired:
                 raise ValueError(f"LoRA name {lora.lora_name!r} is already adapter id {other.lora_int_id}")
-        self._cache(lora.lora_int_id, self._read(lora))
+        self._cache(lora.lora_int_id, arrays if arrays is not None else self.read_arrays(lora))
         self.registered[lora.lora_int_id] = lora
+
+    def is_held(self, lora_int_id: int) -> bool:
+        """Its arrays are in the host cache (a request for it needs no file read)."""
+        return lora_int_id in self._host
 
     def retire(self, lora_int_id: int) -> None:
         """No new request may use the adapter (its name is free again at once); unregister it once the requests
@@ -61,26 +74,31 @@ class LoRAManager:
         self.retired.add(lora_int_id)
 
     def unregister(self, lora_int_id: int) -> None:
-        """Forget an adapter no request uses any more (its slot becomes free)."""
+        """Forget an adapter no request uses any more: its slot becomes free and is zeroed (take_loads reports
+        (slot, 0)), so nothing of it stays on the device."""
         self.registered.pop(lora_int_id, None)
         self._host.pop(lora_int_id, None)
-        self._slots.pop(lora_int_id, None)
+        slot = self._slots.pop(lora_int_id, None)
+        if slot is not None:
+            self._loads.append((slot, 0))
 
     def host_adapter(self, lora_int_id: int) -> HostAdapter:
-        adapter = self._host.get(lora_int_id)
-        if adapter is None:
-            adapter = self._read(self.registered[lora_int_id])
-        self._cache(lora_int_id, adapter)
-        return adapter
+        """The arrays of an adapter a request in the engine uses (held since that request was added)."""
+        self._host.move_to_end(lora_int_id)
+        return self._host[lora_int_id]
 
-    def _read(self, lora: LoRARequest) -> HostAdapter:
+    def read_arrays(self, lora: LoRARequest) -> HostAdapter:
+        """Read and check the adapter's files (no state changes: any thread may call it)."""
         return load_peft_adapter(lora.lora_path, self.config, self.max_lora_rank, self.dtype)
 
     def _cache(self, lora_int_id: int, adapter: HostAdapter) -> None:
         self._host[lora_int_id] = adapter
         self._host.move_to_end(lora_int_id)
-        while len(self._host) > self.max_cpu_loras:
-            self._host.popitem(last=False)
+        if len(self._host) <= self.max_cpu_loras:
+            return
+        in_use = self.in_use() | {lora_int_id}
+        for victim in [i for i in self._host if i not in in_use][:len(self._host) - self.max_cpu_loras]:
+            del self._host[victim]
 
     # ------------------------------------------------------------------ device slots
     def acquire(self, lora_int_id: int, busy: set[int]) -> int | None:
@@ -107,7 +125,9 @@ class LoRAManager:
         keeps its last adapter only)."""
         loads, self._loads = self._loads, []
         final = {slot: lid for slot, lid in loads}
-        return [(slot, lid) for slot, lid in final.items() if self._slots.get(lid) == slot]
+        taken = set(self._slots.values())
+        return [(slot, lid) for slot, lid in final.items()
+                if self._slots.get(lid) == slot or (lid == 0 and slot not in taken)]
 
     @property
     def slots(self) -> dict[int, int]:

@@ -170,9 +170,10 @@ class AsyncEngine:
             raise EngineDeadError("the engine loop is not running")
         num_seqs = params.num_sequences
         self.check_capacity(num_seqs)
+        arrays = await self._adapter_arrays(lora_request)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), RequestTracker(time.monotonic()))
         handle = RequestStream(self, request_id, num_seqs, stream.queue)
-        self._inbox.put(("add", request_id, prompt, params, lora_request, priority, stream))
+        self._inbox.put(("add", request_id, prompt, params, lora_request, arrays, priority, stream))
         self._num_in_flight += num_seqs
         try:
             first = await stream.queue.get()
@@ -184,6 +185,15 @@ class AsyncEngine:
             handle.close()
             raise first
         return handle
+
+    async def _adapter_arrays(self, lora_request: LoRARequest | None):
+        """The adapter's files read here, on a worker thread, when the engine does not hold its arrays (new, or
+        evicted from its host cache), so that the engine thread reads no file; None when it holds them. A file
+        that cannot be read is a ValueError for this request alone."""
+        manager = getattr(self.engine, "lora", None)
+        if lora_request is None or manager is None or manager.is_held(lora_request.lora_int_id):
+            return None
+        return await asyncio.get_running_loop().run_in_executor(None, manager.read_arrays, lora_request)
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """fn(engine) on the engine thread, between two steps (the engine is only ever touched there); returns
@@ -260,8 +270,10 @@ class AsyncEngine:
         if command[0] == "call":
             self._call(*command[1:])
             return
-        _, request_id, prompt, params, lora_request, priority, stream = command
+        _, request_id, prompt, params, lora_request, arrays, priority, stream = command
         options = {} if lora_request is None else {"lora_request": lora_request}  # the base model: as before
+        if arrays is not None:
+            options["lora_arrays"] = arrays
         if priority:
             options["priority"] = priority
         try:
