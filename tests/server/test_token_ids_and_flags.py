@@ -117,6 +117,7 @@ def test_prompt_tokens_details_count_prefix_cache_hits(flagged, server):
     assert "prompt_tokens_details" not in post(server, "/v1/completions", body)["usage"]  # without the flag
 
 
+@pytest.mark.slow
 def test_load_counts_generation_requests_in_flight(flagged, server):
     """A request of 8 long samples that run one after another (one batch slot): /load reads 1 while it runs."""
     assert httpx.get(flagged.url + "/load", timeout=10).json() == {"server_load": 0}
@@ -142,6 +143,7 @@ def test_tokenizer_info(flagged, server):
     assert httpx.get(server.url + "/tokenizer_info", timeout=10).status_code == 404  # without the flag
 
 
+@pytest.mark.slow
 def test_priority_decides_which_queued_request_runs_next(flagged, server):
     """One batch slot, busy with 8 long samples: a request sent later with a lower priority value starts before
     one sent earlier with a higher one (first come, first served would start the earlier one first)."""
@@ -238,6 +240,7 @@ def test_orca_load_report_header(server, report_format):
         "model": MODEL, "prompt": "Hi", "max_tokens": 2}).headers
 
 
+@pytest.mark.slow
 def test_root_path_and_the_api_key_from_vllm_environment(start_server, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "sekrit")
     keyed = start_server("--max-model-len", "128", "--root-path", "/llm", "--enable-log-requests", "--log-level",
