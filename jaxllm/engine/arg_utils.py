@@ -35,7 +35,7 @@ def _flag_options(field: dataclasses.Field, annotation: typing.Any) -> dict:
         return {**options, "action": argparse.BooleanOptionalAction}
     options["type"] = value_type(annotation)
     if "choices" in field.metadata:
-        options["choices"] = field.metadata["choices"]
+        options["choices"] = (*field.metadata["choices"], *field.metadata.get("aliases", ()))
     return options
 
 

