@@ -87,6 +87,7 @@ def test_llama3_8b_preset_shape():
         model_preset("llama-9000")
 
 
+@pytest.mark.slow
 def test_smollm2_preset_matches_the_default_model():
     from jaxllm.errors import ModelNotFoundError
     from jaxllm.loaders.default_model import default_model_path

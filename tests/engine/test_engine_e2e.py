@@ -201,6 +201,7 @@ def penalized_greedy_reference(loaded, prompt, params: SamplingParams, eos_token
     return output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24),  # preemption: the slot rows rewritten
     dict(max_num_seqs=3, max_num_batched_tokens=16, async_scheduling=False),

@@ -49,7 +49,8 @@ def check_against_reference(case, out: np.ndarray, sm_scale: float) -> None:
     assert relative_error(out[:valid], expected[:valid]) < TOLERANCE[case.q.dtype]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.float32, id="f32"),
+                                   pytest.param(jnp.bfloat16, id="bf16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("heads", GROUPS, ids=[f"g{hq // hkv}" for hq, hkv in GROUPS])
 def test_mixed_contexts_match_reference(heads, dtype):
     num_q_heads, num_kv_heads = heads

@@ -84,6 +84,7 @@ def test_requests_wait_while_every_slot_is_busy(tiny_model_dir, adapters):
                    zip(PROMPTS[:3], [adapters[0][1], adapters[1][1], tiny_model_dir("llama3")[1]])]
 
 
+@pytest.mark.slow
 def test_prefix_cache_hits_never_cross_adapters(tiny_model_dir, adapters):
     directory, _ = tiny_model_dir("llama3")
     llm = engine(directory)

@@ -28,6 +28,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,options", CASES, ids=[c[0] for c in CASES])
 def test_logits_equal_the_merged_peft_model(arch, options, tiny_model_dir, peft_adapter):
     directory, hf_model = tiny_model_dir(arch)

@@ -85,6 +85,7 @@ def test_scales_are_held_in_the_activations_dtype_when_it_is_16_bit(awq_model_di
         np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_every_linear_agrees_with_an_independent_unpacker(awq_model_dir):
     """The loaded (repacked, fused) weights dequantize to exactly the oracle's W of each file tensor."""
     directory = awq_model_dir("llama3")
