@@ -54,6 +54,20 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 API_KEY_ENV = ("JAXLLM_API_KEY", "VLLM_API_KEY")  # --api-key's defaults, in order (vLLM deployments set the second)
+RESPONSE_SWITCHES = {  # vLLM's flags of what responses and routes carry, off by default
+    "--return-tokens-as-token-ids": "logprob tokens as 'token_id:<id>' unless a request's return_tokens_as_token_ids "
+                                    "says otherwise",
+    "--enable-prompt-tokens-details": "usage carries prompt_tokens_details.cached_tokens (prompt tokens the prefix "
+                                      "cache served)",
+    "--enable-force-include-usage": "every stream carries the usage so far on each chunk and a last usage chunk, "
+                                    "whatever its stream_options",
+    "--enable-per-request-metrics": "responses (a stream: its usage chunk) of one prompt sampled once carry "
+                                    "`metrics`: time to first token, queue and generation time, mean inter-token "
+                                    "latency, tokens/s",
+    "--enable-server-load-tracking": 'add GET /load: {"server_load": completion and chat requests in flight}',
+    "--enable-tokenizer-info-endpoint": "add GET /tokenizer_info: the tokenizer's configuration, chat template "
+                                        "included",
+}
 CLIENT_CLOSED_REQUEST = 499
 
 
@@ -111,22 +125,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--allow-runtime-lora-updating", action="store_true", default=False,
                         help="add POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also "
                              f"{RUNTIME_UPDATING_ENV}=1); without it those routes do not exist")
-    parser.add_argument("--return-tokens-as-token-ids", action="store_true", default=False,
-                        help="logprob tokens as 'token_id:<id>' unless a request's return_tokens_as_token_ids "
-                             "says otherwise")
-    parser.add_argument("--enable-prompt-tokens-details", action="store_true", default=False,
-                        help="usage carries prompt_tokens_details.cached_tokens (prompt tokens the prefix cache "
-                             "served)")
-    parser.add_argument("--enable-force-include-usage", action="store_true", default=False,
-                        help="every stream carries the usage so far on each chunk and a last usage chunk, whatever "
-                             "its stream_options")
-    parser.add_argument("--enable-per-request-metrics", action="store_true", default=False,
-                        help="responses (a stream: its usage chunk) of one prompt sampled once carry `metrics`: time "
-                             "to first token, queue and generation time, mean inter-token latency, tokens/s")
-    parser.add_argument("--enable-server-load-tracking", action="store_true", default=False,
-                        help="add GET /load: {\"server_load\": completion and chat requests in flight}")
-    parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true", default=False,
-                        help="add GET /tokenizer_info: the tokenizer's configuration, chat template included")
+    for flag, help_text in RESPONSE_SWITCHES.items():
+        parser.add_argument(flag, action="store_true", default=False, help=help_text)
     parser.add_argument("--chat-template-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds the chat template may take on one request's messages; a request over it is "
                              "refused with 400 (the template runs in a child process under a memory bound too)")
