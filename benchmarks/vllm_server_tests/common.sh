@@ -19,9 +19,16 @@ parse_workdir_arg() {
             *) ARGS+=("$1"); shift ;;
         esac
     done
-    mkdir -p "$WORK_DIR"
-    WORK_DIR="$(cd "$WORK_DIR" && pwd)"
-    VENV="${VLLM_TESTS_VENV:-$WORK_DIR/venv}"
+    WORK_DIR="$(absolute_path "$WORK_DIR")"
+    VENV="$(absolute_path "${VLLM_TESTS_VENV:-$WORK_DIR/venv}")"
+}
+
+# A path made absolute against the current directory (the path need not exist).
+absolute_path() {
+    case "$1" in
+        /*) echo "$1" ;;
+        *) echo "$PWD/${1#./}" ;;
+    esac
 }
 
 # Copies the shim (pytest.ini, tests/utils.py, tests/conftest.py, stubs/) into the work directory, replacing the

@@ -41,4 +41,4 @@ fi
 for file in "${files[@]}"; do
     run_test_file "$file"
 done
-echo "per-file counts and failures: $VENV/bin/python $HARNESS_DIR/summarize.py --workdir $WORK_DIR"
+echo "per-file counts and failures: python3 $HARNESS_DIR/summarize.py --workdir $WORK_DIR"

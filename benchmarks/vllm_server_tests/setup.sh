@@ -9,6 +9,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 parse_workdir_arg "$@"
+mkdir -p "$WORK_DIR"
 
 create_venv() {
     if [ ! -x "$VENV/bin/python" ]; then
