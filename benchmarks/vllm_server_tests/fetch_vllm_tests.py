@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 
 SDIST_NAME = "vllm-0.34.0.tar.gz"
-SDIST_URL = ("https://files.pythonhosted.org/packages/92/21/6e0b077dc4a0b28f5a8ce8bb352a38d7196650d681fd4faa87f8dc622eff/"
-             + SDIST_NAME)
+SDIST_URL = ("https://files.pythonhosted.org/packages/92/21/"
+             "6e0b077dc4a0b28f5a8ce8bb352a38d7196650d681fd4faa87f8dc622eff/" + SDIST_NAME)
 SDIST_SHA256 = "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
 TOP = "vllm-0.34.0/"
 # What is extracted: the OpenAI-server and serve tests, and the package files they import. tests/__init__.py,
