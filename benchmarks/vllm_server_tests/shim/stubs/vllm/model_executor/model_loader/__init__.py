@@ -1,0 +1,1 @@
+"""Package of the vLLM stub (see vllm/__init__.py)."""
