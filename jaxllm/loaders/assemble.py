@@ -1,10 +1,11 @@
 """Turn a loader's named numpy tensors into host LlamaParams, checking every shape against the config.
 
 Loaders map their own tensor names to (field, layer) pairs: field is a LlamaParams field or a checkpoint layer
-field (params.checkpoint_layer_shapes: q/k/v and gate/up apart, fused here after the checks),
-layer is the layer index or None for a global tensor; each layer's tensors become that layer's own arrays. One place reports missing, duplicate and mis-shaped tensors.
-Each tensor is cast to the target dtype as it arrives (a packed weight format, weights.WeightFormat, keeps its own
-dtypes: its shape is checked as the dense weight's it stands for); the params stay numpy, on the host, until
+field (params.checkpoint_layer_shapes: q/k/v and gate/up apart, fused here after the checks), layer is the layer
+index or None for a global tensor; each layer's tensors become that layer's own arrays. One place reports missing,
+duplicate and mis-shaped tensors. Each tensor is cast to the target dtype as it arrives, into aligned memory
+(model/host_arrays: a CPU device uses it in place); a packed weight format (weights.WeightFormat) keeps its own
+dtypes, its shape checked as the dense weight's it stands for. The params stay numpy, on the host, until
 loaders.place_model puts them on their devices (each device only its own part when they are split over a mesh).
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
 from jaxllm.model import weights
+from jaxllm.model.host_arrays import aligned_as
 from jaxllm.model.params import (LayerParams, LlamaParams, checkpoint_layer_shapes, fuse_layer_tensors,
                                  global_param_shapes)
 
@@ -54,7 +56,7 @@ def assemble_params(
         if (field in top) if layer is None else (layers[field][layer] is not None):
             raise ModelLoadError(source, f"tensor {name!r} appears twice")
         if not isinstance(array, weights.WeightFormat):
-            array = array.astype(np_dtype)
+            array = aligned_as(array, np_dtype)  # CPU devices use it in place (host_arrays)
         if layer is None:
             top[field] = array
         else:

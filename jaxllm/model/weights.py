@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxllm.model.host_arrays import aligned_concatenate
 from jaxllm.model.kernels import REFERENCE, Kernels
 
 Axes = tuple  # logical axis names of one array, e.g. ("layers", "heads", "embed")
@@ -84,7 +85,7 @@ def concat_rows(parts: list, axis: int) -> Any:
         raise TypeError(f"cannot fuse weights of different formats: {', '.join(sorted(kinds))}")
     if isinstance(parts[0], WeightFormat):
         return parts[0].concat_rows(list(parts[1:]), axis)
-    return np.concatenate(parts, axis=axis)
+    return aligned_concatenate(parts, axis)
 
 
 def format_name(w: Any) -> str:
