@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 
 # the features, as the errors name them
-GGUF = "reading a GGUF model"  # gguf: loaders/gguf.py, the GGUF tokenizer
+GGUF = "decoding a GGUF k-quant tensor (Q4_K, Q6_K)"  # gguf: loaders/gguf_dequant.py
 SERVER = "the OpenAI-compatible server (jaxllm serve)"  # fastapi (with starlette), uvicorn: entrypoints/openai
 
 

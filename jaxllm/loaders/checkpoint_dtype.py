@@ -43,6 +43,6 @@ def _gguf_dtype(path: Path) -> str:
 
     sizes: Counter[str] = Counter()
     for tensor in open_gguf(path).tensors:
-        sizes[tensor.tensor_type.name] += int(tensor.n_elements)
+        sizes[tensor.type_name] += tensor.n_elements
     most = sizes.most_common(1)[0][0] if sizes else "F32"
     return FLOAT_DTYPES.get(most, QUANTIZED_DTYPE)

@@ -1,14 +1,14 @@
 """GGUF files (llama.cpp): metadata -> ModelConfig, tensors dequantized to numpy, Q/K rope permutation undone.
 
-The `gguf` package is imported when a file is opened (open_gguf), not with this module: `import jaxllm` and every
-other loader work without it, and reading a GGUF without it raises MissingDependencyError naming the package.
+The header is read by gguf_file.GGUFFile (numpy over a memory map), the tensors decoded by gguf_dequant. Only the
+k-quant types need the `gguf` package (imported then; without it, MissingDependencyError names the package).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Iterator
 
 import numpy as np
 
@@ -16,15 +16,13 @@ from jaxllm.config import ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
 from jaxllm.file_fields import FieldReader, short_repr
 from jaxllm.loaders.assemble import assemble_params, numpy_dtype, tensor_field
+from jaxllm.loaders.gguf_dequant import dequantize
+from jaxllm.loaders.gguf_file import GGUFFile
 from jaxllm.loaders.host_memory import check_fits_host
 from jaxllm.loaders.weight_checks import check_weight
 from jaxllm.model.params import LlamaParams
-from jaxllm.optional_deps import GGUF, require
+from jaxllm.optional_deps import MissingDependencyError
 
-if TYPE_CHECKING:
-    from gguf import GGUFReader
-
-# GGMLQuantizationType names (compared by name, so that this module imports without the gguf package)
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> jaxllm family
 
@@ -39,35 +37,22 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
-_last_opened: tuple[tuple, GGUFReader] | None = None  # parsing the metadata takes seconds: weights and tokenizer share
-
-
-def open_gguf(path: Path) -> GGUFReader:
-    """The file's reader (memory-mapped); the last one opened is reused while the file is unchanged."""
-    global _last_opened
+def open_gguf(path: Path) -> GGUFFile:
+    """The file's header (memory-mapped); ModelLoadError naming the file when it is missing, short or corrupt."""
     if not path.is_file():
         raise ModelLoadError(path, "GGUF file not found")
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if _last_opened is not None and _last_opened[0] == key:
-        return _last_opened[1]
-    require("gguf", GGUF)
-    from jaxllm.loaders.gguf_reader import BoundedGGUFReader  # needs the gguf package
-
     try:
-        reader = BoundedGGUFReader(str(path))
-    except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad or short files
+        return GGUFFile(path)
+    except (ValueError, OSError) as e:
         raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from e
-    _last_opened = (key, reader)
-    return reader
 
 
-def gguf_metadata(reader: GGUFReader, path: Path) -> FieldReader:
+def gguf_metadata(reader: GGUFFile, path: Path) -> FieldReader:
     """The file's metadata, each value checked as it is read (file_fields.FieldReader)."""
-    return FieldReader(_Metadata(reader, path), path)
+    return FieldReader(reader.metadata, path)
 
 
-def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
+def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
     meta = gguf_metadata(reader, path)
     arch = meta.text("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -109,9 +94,7 @@ def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaPar
     return config, assemble_params(config, _tensors(reader, config, path), source=str(path), dtype=dtype)
 
 
-def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
-    from gguf.quants import dequantize  # the reader came from open_gguf, so the package is there
-
+def _tensors(reader: GGUFFile, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
     permute_qk = config.architecture == "llama"  # llama.cpp's converter reorders Q/K rows only for this one
     for tensor in reader.tensors:
         field, layer = tensor_field(tensor.name, _GLOBAL_NAMES, _LAYER_RE, _LAYER_NAMES)
@@ -119,11 +102,13 @@ def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterator[tu
             if tensor.name == "rope_freqs.weight":
                 raise ModelLoadError(path, "rope_freqs.weight (GGUF rope frequency factors) is not supported")
             raise ModelLoadError(path, f"unexpected tensor {short_repr(tensor.name)}")
-        if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
-            raise ModelLoadError(path, f"tensor {tensor.name!r} has unsupported GGUF type {tensor.tensor_type.name}; "
+        if tensor.type_name not in SUPPORTED_TENSOR_TYPES:
+            raise ModelLoadError(path, f"tensor {tensor.name!r} has unsupported GGUF type {tensor.type_name}; "
                                  f"supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))}")
         try:
-            array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+            array = dequantize(tensor.data, tensor.type_name)
+        except MissingDependencyError:
+            raise
         except Exception as e:
             raise ModelLoadError(path, f"cannot dequantize tensor {tensor.name!r}: {e}") from e
         check_weight(array, tensor.name, path)
@@ -146,30 +131,10 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return split.swapaxes(1, 2).reshape(w.shape)  # [H, 2, D/2, ...]: first halves, then second halves
 
 
-class _Metadata(Mapping):
-    """The GGUF metadata as a mapping of key -> value (ReaderField.contents(), converted when it is read)."""
-
-    def __init__(self, reader: GGUFReader, path: Path):
-        self.fields, self.path = reader.fields, path
-
-    def __getitem__(self, key: str) -> Any:
-        field = self.fields[key]
-        try:
-            return field.contents()
-        except Exception as e:  # a string that is not UTF-8, an array of an odd type
-            raise ModelLoadError(self.path, f"metadata {key!r} cannot be read: {e}") from e
-
-    def __iter__(self):
-        return iter(self.fields)
-
-    def __len__(self) -> int:
-        return len(self.fields)
-
-
-def _vocab_size(meta: FieldReader, reader: GGUFReader, arch: str) -> int:
+def _vocab_size(meta: FieldReader, reader: GGUFFile, arch: str) -> int:
     if meta.has(f"{arch}.vocab_size"):
         return meta.integer(f"{arch}.vocab_size")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    tokens = reader.metadata.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise ModelLoadError(meta.source, f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    return len(tokens.data)
+    return len(tokens)

@@ -64,14 +64,20 @@ def test_orbax_checkpoint_loads_without_gguf(tmp_path):
 
 @pytest.fixture
 def tiny_gguf(tmp_path):
-    """A valid GGUF file (metadata, one tensor), written with the gguf package this process has."""
+    """A valid GGUF file (metadata, one Q6_K tensor: the k-quants are what needs the gguf package to decode),
+    written with the gguf package this process has."""
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
     path = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(path), arch="llama")
     writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    writer.add_embedding_length(256)  # one Q6_K block per row
+    writer.add_feed_forward_length(256)
+    writer.add_head_count(1)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(8)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 210), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q6_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -79,7 +85,7 @@ def tiny_gguf(tmp_path):
     return path
 
 
-GGUF_MESSAGE = "reading a GGUF model needs the `gguf` package: pip install gguf"
+GGUF_MESSAGE = "decoding a GGUF k-quant tensor (Q4_K, Q6_K) needs the `gguf` package: pip install gguf"
 
 
 def test_loading_a_gguf_without_gguf_names_the_package(tiny_gguf):
