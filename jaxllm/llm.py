@@ -16,11 +16,8 @@ from jaxllm.sampling_params import SamplingParams
 class LLM:
     """Load a model once, then generate for batches of prompts with continuous batching.
 
-    Arguments are EngineArgs fields: model (None: the default model), dtype, max_model_len, max_num_seqs,
-    max_num_batched_tokens, block_size, num_gpu_blocks, gpu_memory_utilization, kv_cache_memory_bytes,
-    enable_prefix_caching, enable_chunked_prefill, scheduling_policy, seed, attention, awq_matmul, lora_matmul,
-    warmup, async_scheduling, compilation_cache_dir, skip_tokenizer, tensor_parallel_size, enable_lora, max_loras,
-    max_lora_rank, max_cpu_loras (see jaxllm.engine.args.EngineArgs).
+    Arguments are EngineArgs fields (jaxllm.engine.args.EngineArgs: model, None for the default model, dtype,
+    max_model_len, max_num_seqs, ...; `jaxllm serve --help` lists them all as flags).
     """
 
     def __init__(self, model: str | None = None, **engine_args):

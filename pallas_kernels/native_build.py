@@ -41,7 +41,7 @@ def load_native_library(source: Path) -> ctypes.CDLL:
     compiler = _compiler()
     command = [compiler, *CXX_FLAGS, f"-I{jax.ffi.include_dir()}"]
     key = hashlib.sha256("\0".join([source.read_text(), *command, _compiler_version(compiler),
-                                    jaxlib.__version__, _cpu_flags()]).encode()).hexdigest()[:16]
+                                    jaxlib.__version__, cpu_flags()]).encode()).hexdigest()[:16]
     library = _cache_dir() / f"{source.stem}-{key}.so"
     if not library.exists():
         _compile(command, source, library)
@@ -116,7 +116,7 @@ def _compiler_version(compiler: str) -> str:
 
 
 @functools.cache
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """This CPU's feature flags (Linux), so that a cache shared between machines never serves a foreign build."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -125,6 +125,10 @@ def _cpu_flags() -> str:
     return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
+def cache_root() -> Path:
+    """$JAXLLM_CACHE_DIR, else ~/.cache/jaxllm: native kernels and compiled programs are kept there."""
+    return Path(os.environ.get("JAXLLM_CACHE_DIR") or Path.home() / ".cache" / "jaxllm")
+
+
 def _cache_dir() -> Path:
-    root = os.environ.get("JAXLLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "jaxllm")
-    return Path(root) / "native"
+    return cache_root() / "native"

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxllm.config import CacheConfig, LoRAConfig, ParallelConfig, SchedulerConfig
-from jaxllm.engine import distributed
+from jaxllm.engine import compilation_cache, distributed
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.model import kernels
@@ -88,8 +88,11 @@ class EngineArgs:
     warmup: bool = _arg(False, "build every step program before serving, so that no request waits for a compile")
     async_scheduling: bool = _arg(True, "dispatch each engine step before the previous one's tokens are back "
                                         "(outputs unchanged)")
-    compilation_cache_dir: str | None = _arg(None, "persistent XLA compilation cache directory: programs built "
-                                                   "once load in a fraction of the time at the next start")
+    compilation_cache: bool = _arg(True, "keep compiled programs on disk (persistent XLA compilation cache): "
+                                         "programs built once load in a fraction of the time at the next start")
+    compilation_cache_dir: str | None = _arg(None, "where the compilation cache lives (unset: $JAXLLM_CACHE_DIR/xla, "
+                                                   "~/.cache/jaxllm/xla); one subdirectory per jax, jaxllm and "
+                                                   "CPU, so another version's programs are never loaded")
     skip_tokenizer: bool = _arg(False, "load no tokenizer: prompts must be token ids, outputs carry no text")
     tensor_parallel_size: int | None = _arg(None, "devices the model is split over (query heads, KV heads, MLP "
                                                   "columns, vocabulary); unset: 1 (a mesh of one device); with "
@@ -150,9 +153,8 @@ class EngineArgs:
         return distributed.process_group(self.num_processes, self.process_id, self.coordinator_address)
 
     def enable_compilation_cache(self) -> None:
-        if self.compilation_cache_dir is not None:
-            jax.config.update("jax_compilation_cache_dir", self.compilation_cache_dir)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        if self.compilation_cache:
+            compilation_cache.enable(compilation_cache.cache_directory(self.compilation_cache_dir))
 
     def resolve(self, loaded, agree_on_blocks: Callable[[int], int] | None = None
                 ) -> tuple[SchedulerConfig, CacheConfig]:
