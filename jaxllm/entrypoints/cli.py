@@ -13,12 +13,14 @@ import time
 GENERATE_DESCRIPTION = """Generate continuations of prompts. Every engine argument is a flag, as for
 `jaxllm serve`; two defaults differ here: --max-model-len is 2048, and --max-num-seqs is the number of prompts
 unless given."""
+SERVE_HELP = "serve the OpenAI-compatible HTTP API"
 
 
 def main(argv: list[str] | None = None) -> int:
     from jaxllm.optional_deps import MissingDependencyError
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     try:
         if args.command == "serve":
             if args.server_unavailable is not None:
@@ -34,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """`jaxllm generate` and `jaxllm serve`; both take every EngineArgs field as a flag (add_engine_args)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """`jaxllm generate` and `jaxllm serve`; both take every EngineArgs field as a flag (add_engine_args).
+    `command`: the one about to run, when known; `serve`'s flags are built only for it or for none (they import the
+    server, half a second a one-prompt `generate` need not wait)."""
     from jaxllm.engine.arg_utils import add_engine_args
 
     parser = argparse.ArgumentParser(prog="jaxllm", description="LLM inference in JAX")
@@ -52,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     # generate's own defaults: a context that compiles quickly, and one batch slot per prompt (None: set in
     # _generate from the number of prompts)
     gen.set_defaults(max_model_len=2048, max_num_seqs=None)
-    _add_serve_command(commands)
+    if command in (None, "serve"):
+        _add_serve_command(commands)
+    else:
+        commands.add_parser("serve", help=SERVE_HELP)
     from jaxllm.quantization.command import QUANTIZE_DESCRIPTION, add_quantize_args
 
     add_quantize_args(commands.add_parser("quantize", help="write an AWQ int4 checkpoint of a model",
@@ -73,7 +80,7 @@ def _add_serve_command(commands) -> None:
         serve.add_argument("ignored", nargs="*")
         serve.set_defaults(server_unavailable=e)
         return
-    serve = add_serve_args(commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API"))
+    serve = add_serve_args(commands.add_parser("serve", help=SERVE_HELP))
     serve.set_defaults(server_unavailable=None)
 
 
