@@ -86,6 +86,8 @@ class EngineArgs:
     lora_matmul: str = _arg("auto", "LoRA delta implementation; auto: pallas on a GPU, else reference (jnp)",
                             ("auto", *kernels.CHOICES["lora_matmul"]))
     warmup: bool = _arg(False, "build every step program before serving, so that no request waits for a compile")
+    disable_log_stats: bool = _arg(False, "show no progress while loading weights and compiling (a bar on a "
+                                          "terminal, else a log line each)")
     async_scheduling: bool = _arg(True, "dispatch each engine step before the previous one's tokens are back "
                                         "(outputs unchanged)")
     compilation_cache: bool = _arg(True, "keep compiled programs on disk (persistent XLA compilation cache): "

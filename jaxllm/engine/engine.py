@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import jax
 
+from jaxllm import progress
 from jaxllm.config import LoRAConfig, ParallelConfig, merge_token_ids
 from jaxllm.errors import lone_surrogate
 from jaxllm.engine import distributed
@@ -48,6 +49,11 @@ PromptType = str | Sequence[int] | dict
 
 class LLMEngine:
     def __init__(self, args: EngineArgs, loaded=None, tokenizer=None):
+        with progress.shown(not args.disable_log_stats):
+            self._start(args, loaded, tokenizer)
+
+    def _start(self, args: EngineArgs, loaded, tokenizer) -> None:
+        """Load, place, size the pool and (with warmup) compile: the part of a start that shows progress."""
         from jaxllm.tokenizer import load_tokenizer
 
         args.enable_compilation_cache()

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxllm import progress
 from jaxllm.config import ModelConfig
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
@@ -137,11 +138,9 @@ class StepPrograms:
 
     def compile_all(self, params, kv) -> None:
         """Build every program of the bucket set (the warm-up): afterwards no step compiles anything."""
-        start = time.perf_counter()
         missing = [key for key in self.buckets.all_programs() if key not in self.compiled]
-        for key in missing:
+        for key in progress.track(missing, "Compiling", "programs", total=len(missing)):  # logs the count and time
             self._compile(key, self.example_args(key, params, kv))
-        logger.info("warm-up built %d programs in %.1f s", len(missing), time.perf_counter() - start)
 
     def _compile(self, key: ProgramKey, args):
         start = time.perf_counter()

@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
+import jax
 import ml_dtypes
 import numpy as np
 
+from jaxllm import progress
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
 from jaxllm.model import weights
@@ -43,6 +45,9 @@ def assemble_params(
     layer_shapes, global_shapes = checkpoint_layer_shapes(config), global_param_shapes(config)
     layers = {field: [None] * config.num_layers for field in layer_shapes}
     top: dict[str, np.ndarray] = {}
+    expected_count = len(global_shapes) + config.num_layers * len(layer_shapes)
+    tensors = progress.track(tensors, "Loading weights", "tensors", total=expected_count,
+                             nbytes=lambda item: _host_bytes(item[3]))
     for field, layer, name, array in tensors:
         expected = global_shapes.get(field) if layer is None else layer_shapes.get(field)
         if expected is None:
@@ -73,6 +78,10 @@ def assemble_params(
     except TypeError as e:  # formats that differ between layers or cannot be fused (one of q/k/v packed, ...)
         raise ModelLoadError(source, f"{e}: every layer's q, k and v (and gate and up) must be stored alike") from e
     return LlamaParams(layers=tuple(LayerParams(**fields) for fields in per_layer), **top)
+
+
+def _host_bytes(weight) -> int:
+    return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(weight))
 
 
 def check_same_formats(layers: Mapping[str, list]) -> None:

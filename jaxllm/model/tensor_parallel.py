@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxllm import progress
 from jaxllm.config import ModelConfig
 from jaxllm.model import weights
 from jaxllm.model.kernels import REFERENCE, Kernels, select_kernels
@@ -165,7 +166,9 @@ def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh,
     for (path, host), sharding in zip(leaves, shardings):
         check_even_split(jax.tree_util.keystr(path), host.shape, sharding.spec, mesh.size)
     placed = []
-    for (path, host), sharding in zip(leaves, shardings):
+    steps = progress.track(zip(leaves, shardings), "Placing weights", "arrays", total=len(leaves),
+                           nbytes=lambda item: item[0][1].nbytes)
+    for (path, host), sharding in steps:
         placed.append(jax.device_put(host, sharding) if mesh.size == 1 else
                       jax.make_array_from_callback(host.shape, sharding, lambda index, host=host: host[index]))
         if on_placed is not None:

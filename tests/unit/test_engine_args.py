@@ -24,8 +24,8 @@ NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", quantization
                          max_num_seqs=3, max_num_batched_tokens=96, block_size=8, num_gpu_blocks=40,
                          gpu_memory_utilization=0.5, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False,
                          enable_chunked_prefill=False, scheduling_policy="priority", seed=7, attention="reference",
-                         awq_matmul="pallas", lora_matmul="reference", warmup=True, async_scheduling=False,
-                         compilation_cache=False, compilation_cache_dir="xla-cache", skip_tokenizer=True,
+                         awq_matmul="pallas", lora_matmul="reference", warmup=True, disable_log_stats=True,
+                         async_scheduling=False, compilation_cache=False, compilation_cache_dir="xla-cache", skip_tokenizer=True,
                          tensor_parallel_size=2, enable_lora=True, max_loras=3, max_lora_rank=32, max_cpu_loras=5,
                          num_processes=2, process_id=1, coordinator_address="10.0.0.1:1234")
 
