@@ -1,4 +1,5 @@
-"""benchmarks/throughput.py end to end on the tiny random-weight preset; its dataset and model presets."""
+"""The offline throughput benchmark (jaxllm/benchmarks/throughput.py): benchmarks/throughput.py on the tiny
+random-weight preset; its dataset and model presets."""
 
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ def test_throughput_script_tiny_random_weights(tmp_path):
     assert report["environment"]["date"]
 
 
-def test_script_rejects_inconsistent_flags():
+def test_script_rejects_inconsistent_flags(capsys):
     script = _load_script()
-    for argv in (["--random-weights"], ["--config", "tiny"], ["--random-range-ratio", "0.5"],
-                 ["--model", "x", "--random-weights", "--config", "tiny"]):
-        with pytest.raises(SystemExit):
-            script.parse_args(argv)
+    for argv, message in ((["--random-weights"], "go together"), (["--config", "tiny"], "go together"),
+                          (["--model", "x", "--random-weights", "--config", "tiny"], "exclude each other"),
+                          (["--dataset-name", "sonnet"], "'sonnet' is not available")):
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_random_requests_lengths_stay_in_vllm_range_and_reach_both_ends():
