@@ -205,3 +205,7 @@ def test_cli_writes_json(server, tmp_path, capsys):
     assert data["args"]["request_rate"] == "inf" and data["args"]["max_concurrency"] == 2
     assert data["summary"]["completed"] == 4 and data["summary"]["total_output_tokens"] == 20
     assert len(data["requests"]) == 4 and data["warmup"]["completed"] == 2
+    assert data["base_url"] == server.url
+    # the same figures under vLLM's result keys
+    assert (data["completed"], data["duration"]) == (4, data["summary"]["duration_s"])
+    assert data["median_ttft_ms"] == data["summary"]["ttft_ms"]["p50"]
