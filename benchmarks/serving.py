@@ -1,5 +1,6 @@
-"""Online serving benchmark against a running `jaxllm serve` (or any OpenAI-compatible server), like
-`vllm bench serve`. The implementation lives in jaxllm/benchmarks/serving.py; see its docstring for the metrics.
+"""Online serving benchmark against a running `jaxllm serve` (or any OpenAI-compatible server), as
+`vllm bench serve`; the same as `jaxllm bench serve` and with the same flags. The implementation lives in
+jaxllm/benchmarks/serving.py; see its docstring for the metrics.
 
     jaxllm serve --port 8000 --max-num-seqs 16 --max-model-len 512 &
     python benchmarks/serving.py --num-prompts 64 --input-len 128 --output-len 64 --request-rate 4 \

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -36,3 +39,15 @@ def mixed_lengths(rng: np.random.RandomState, num_requests: int = 128) -> list[t
     """The mixed workload's (prompt tokens, output tokens) per request: each drawn uniformly in 16-256."""
     prompts, outputs = rng.randint(16, 257, size=num_requests), rng.randint(16, 257, size=num_requests)
     return [(int(p), int(o)) for p, o in zip(prompts, outputs)]
+
+
+def dataset_name_arg(available: tuple[str, ...]) -> Callable[[str], str]:
+    """An argparse `type` for --dataset-name: the name when `available` holds it; any other (vLLM's sharegpt, sonnet,
+    hf, ...) is refused by name, with the datasets there are."""
+    def check(name: str) -> str:
+        if name in available:
+            return name
+        raise argparse.ArgumentTypeError(
+            f"dataset {name!r} is not available: choose {' or '.join(available)} (synthetic prompts; vLLM's other "
+            f"datasets, which read files or Hugging Face datasets, are not implemented)")
+    return check

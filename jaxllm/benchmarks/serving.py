@@ -1,22 +1,27 @@
-"""Online serving benchmark against a running OpenAI-compatible server, in the spirit of `vllm bench serve`.
+"""Online serving benchmark against a running OpenAI-compatible server, as `vllm bench serve`.
 
 Sends a fixed number of streaming completions (`stream: true`, `stream_options.include_usage`, `ignore_eos`, a
-`max_tokens` per request) to `<base-url>/v1/completions`, with Poisson arrivals at `--request-rate` requests per
-second (`inf`: all at once) and at most `--max-concurrency` requests in flight, then reports vLLM's metrics:
+`max_tokens` per request) to `<base-url>/v1/completions` (`--base-url`, else `http://--host:--port`), with Poisson
+arrivals at `--request-rate` requests per second (`inf`: all at once) and at most `--max-concurrency` requests in
+flight, then reports vLLM's metrics:
 
     TTFT   time to first token: from sending the request to its first token chunk
     TPOT   time per output token after the first: (E2E - TTFT) / (output tokens - 1), requests with > 1 token
     ITL    inter-token latency: every gap between two successive token chunks of a request
     E2E    end-to-end latency: from sending the request to the end of its stream
 
-each as mean, p50, p90 and p99 in milliseconds, plus request, output-token and total-token throughput over the
-benchmark's wall time (first send to last response). A request fails on an HTTP error status, an error chunk in
-its stream, a stream that ends without `[DONE]` or without tokens, or any exception; its message is recorded and
-the benchmark goes on. Output tokens are the usage chunk's `completion_tokens` (token chunks counted when the
-server sends no usage). `--num-warmup` requests go first, unmeasured, so first-use compiles stay out of the
-figures. Needs httpx, which only the `test` extra installs: `pip install httpx`.
+each as mean, median (p50), p90 and p99 in milliseconds, plus request, output-token and total-token throughput
+over the benchmark's wall time (first send to last response), printed in vLLM's layout. A request fails on an HTTP
+error status, an error chunk in its stream, a stream that ends without `[DONE]` or without tokens, or any
+exception; its message is recorded and the benchmark goes on. Output tokens are the usage chunk's
+`completion_tokens` (token chunks counted when the server sends no usage). `--num-warmup` requests go first,
+unmeasured, so first-use compiles stay out of the figures. `--output-json PATH` or `--save-result` (vLLM's
+file name, in `--result-dir`) writes the arguments, the summary (also under vLLM's result keys: completed,
+duration, request_throughput, median_ttft_ms, ...), the warm-up and every request's record. Needs httpx, which
+only the `test` extra installs: `pip install httpx`.
 
-    python benchmarks/serving.py --num-prompts 100 --request-rate 4 --max-concurrency 16 --output-json out.json
+    jaxllm bench serve --num-prompts 100 --request-rate 4 --max-concurrency 16 --output-json out.json
+    python benchmarks/serving.py ...          # the same flags
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -35,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxllm.benchmarks.datasets import random_requests, sample_lengths
+from jaxllm.benchmarks.datasets import dataset_name_arg, random_requests, sample_lengths
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+DEFAULT_BASE_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+DATASETS = ("random", "sentences")
 DEFAULT_ENDPOINT = "/v1/completions"
 PERCENTILES = (50, 90, 99)
 DEFAULT_VOCAB_SIZE = 32000  # inside the vocabulary of every supported model family (Llama 2's is the smallest)
@@ -330,8 +338,9 @@ async def run_benchmark(requests: Sequence[BenchmarkRequest], *, base_url: str =
     arrival schedule of (request_rate, burstiness, seed), at most max_concurrency in flight. `model` defaults to
     the server's first model. Pass `client` (an httpx.AsyncClient) to reuse or replace the transport.
 
-    Returns {"model", "base_url", "endpoint", "summary": compute_metrics(...), "warmup": {"completed", "failed",
-    "errors"}, "requests": [RequestRecord.to_dict() per request, in order]}."""
+    Returns {"model", "base_url", "endpoint", "request_rate", "burstiness", "max_concurrency",
+    "summary": compute_metrics(...), "warmup": {"completed", "failed", "errors"},
+    "requests": [RequestRecord.to_dict() per request, in order]}."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
     times = arrival_times(len(requests), request_rate, seed, burstiness)
@@ -348,7 +357,8 @@ async def run_benchmark(requests: Sequence[BenchmarkRequest], *, base_url: str =
         if own_client:
             await client.aclose()
     warm_ok = sum(r.success for r in warm)
-    return {"model": model, "base_url": base_url, "endpoint": endpoint,
+    return {"model": model, "base_url": base_url, "endpoint": endpoint, "request_rate": request_rate,
+            "burstiness": burstiness, "max_concurrency": max_concurrency,
             "summary": compute_metrics(records, duration, percentiles),
             "warmup": {"completed": warm_ok, "failed": len(warm) - warm_ok,
                        "errors": dict(Counter(r.error for r in warm if not r.success))},
@@ -358,10 +368,13 @@ async def run_benchmark(requests: Sequence[BenchmarkRequest], *, base_url: str =
 # ----------------------------------------------------------------------------------------------- CLI
 
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--base-url", default=DEFAULT_BASE_URL)
-    parser.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    parser.add_argument("--base-url", default=None, help="the server's URL (default: http://HOST:PORT)")
+    parser.add_argument("--host", default=DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help="the completions endpoint, under the URL")
     parser.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
-    parser.add_argument("--dataset", choices=["random", "sentences"], default="random",
+    parser.add_argument("--dataset-name", type=dataset_name_arg(DATASETS), default="random",
+                        metavar="{" + ",".join(DATASETS) + "}",
                         help="random: random token-id prompts; sentences: text prompts from a word list")
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=128,
@@ -377,7 +390,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--burstiness", type=float, default=1.0,
                         help="gamma shape of the inter-arrival gaps (1: Poisson)")
     parser.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
-    parser.add_argument("--num-warmup", type=int, default=4,
+    parser.add_argument("--num-warmup", "--num-warmups", dest="num_warmup", type=int, default=4,
                         help="unmeasured requests sent first, all at once within --max-concurrency (their own "
                              "prompts); as many as the concurrency compiles the batch shapes the run will reach")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -385,24 +398,52 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one request may take")
     parser.add_argument("--output-json", default=None, metavar="PATH",
                         help="write args, summary, warm-up and every request's record to this file")
+    parser.add_argument("--save-result", action="store_true",
+                        help="write the same to vLLM's file name, openai-{rate}qps[-concurrency{n}]-{model}-"
+                             "{date}.json, in --result-dir")
+    parser.add_argument("--result-dir", default=None, help="--save-result's directory (default: the current one)")
+    parser.add_argument("--result-filename", default=None, help="--save-result's file name, instead of vLLM's")
     return parser
 
 
+def server_url(args: argparse.Namespace) -> str:
+    """--base-url, else http://--host:--port."""
+    if args.base_url:
+        return args.base_url
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
+    return f"http://{host}:{args.port}"
+
+
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The workload and the run the CLI arguments describe; returns run_benchmark's result plus 'date' and
-    'args'."""
+    """The workload and the run the CLI arguments describe; returns run_benchmark's result plus 'date', 'args',
+    'num_prompts' and the summary under vLLM's result keys (vllm_result_keys)."""
     if args.num_warmup < 0:
         raise ValueError("--num-warmup must be >= 0")
-    workload = {"dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+    if (args.result_dir or args.result_filename) and not args.save_result:
+        raise ValueError("--result-dir and --result-filename name the file --save-result writes: add --save-result")
+    workload = {"dataset": args.dataset_name, "input_len": args.input_len, "output_len": args.output_len,
                 "range_ratio": args.range_ratio, "vocab_size": args.vocab_size}
     requests = make_requests(num_prompts=args.num_prompts, seed=args.seed, **workload)
     warmup = make_requests(num_prompts=args.num_warmup, seed=args.seed + 1, **workload)
     date = datetime.now(UTC).isoformat(timespec="seconds")
-    result = asyncio.run(run_benchmark(requests, base_url=args.base_url, endpoint=args.endpoint, model=args.model,
-                                       request_rate=args.request_rate, burstiness=args.burstiness,
+    result = asyncio.run(run_benchmark(requests, base_url=server_url(args), endpoint=args.endpoint,
+                                       model=args.model, request_rate=args.request_rate, burstiness=args.burstiness,
                                        max_concurrency=args.max_concurrency, seed=args.seed, warmup_requests=warmup,
                                        temperature=args.temperature, timeout_s=args.timeout))
-    return {"date": date, "args": vars(args), **result}
+    return {"date": date, "args": vars(args), "num_prompts": args.num_prompts, **result,
+            **vllm_result_keys(result["summary"])}
+
+
+def vllm_result_keys(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary under the names vLLM's result file gives the same figures: completed, failed, duration,
+    token totals, throughputs, and {mean,median,p90,p99}_{ttft,tpot,itl,e2el}_ms (median: the p50)."""
+    keys = {"completed": summary["completed"], "failed": summary["failed"], "duration": summary["duration_s"]}
+    keys.update({k: summary[k] for k in ("total_input_tokens", "total_output_tokens", "request_throughput",
+                                         "output_throughput", "total_token_throughput")})
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat, value in summary[f"{metric}_ms"].items():
+            keys[f"{'median' if stat == 'p50' else stat}_{metric}_ms"] = value
+    return keys
 
 
 def _jsonable(value):
@@ -421,54 +462,84 @@ def write_json(result: dict[str, Any], path: str) -> None:
         f.write("\n")
 
 
+def result_paths(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
+    """The files to write: --output-json, and with --save-result vLLM's name for the run (or --result-filename)
+    in --result-dir (created if missing)."""
+    paths = [args.output_json] if args.output_json else []
+    if args.save_result:
+        concurrency = "" if args.max_concurrency is None else f"-concurrency{args.max_concurrency}"
+        model = result["model"].split("/")[-1]
+        name = args.result_filename or (f"openai-{args.request_rate}qps{concurrency}-{model}-"
+                                        f"{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+        if args.result_dir:
+            os.makedirs(args.result_dir, exist_ok=True)
+            name = os.path.join(args.result_dir, name)
+        paths.append(name)
+    return paths
+
+
 def format_summary(result: dict[str, Any]) -> str:
+    """vLLM's summary block: counts, duration, token totals and throughputs, then mean, median, p90 and p99 of
+    TTFT, TPOT, ITL and E2E latency (and the model, warm-up failures and errors, which vLLM does not print)."""
     s = result["summary"]
 
-    def num(value, digits=2):
-        return "n/a" if value is None else f"{value:.{digits}f}"
+    def row(label: str, value) -> str:
+        text = "n/a" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+        return f"{label:<40} {text}"
 
-    lines = ["{:=^60}".format(" Serving Benchmark Result "),
-             f"{'Model:':<44}{result['model']}",
-             f"{'Successful requests:':<44}{s['completed']}",
-             f"{'Failed requests:':<44}{s['failed']}",
-             f"{'Benchmark duration (s):':<44}{num(s['duration_s'])}",
-             f"{'Total input tokens:':<44}{s['total_input_tokens']}",
-             f"{'Total generated tokens:':<44}{s['total_output_tokens']}",
-             f"{'Request throughput (req/s):':<44}{num(s['request_throughput'])}",
-             f"{'Output token throughput (tok/s):':<44}{num(s['output_throughput'])}",
-             f"{'Total token throughput (tok/s):':<44}{num(s['total_token_throughput'])}"]
+    lines = ["{:=^50}".format(" Serving Benchmark Result "),
+             row("Model:", result["model"]),
+             row("Successful requests:", s["completed"]),
+             row("Failed requests:", s["failed"])]
+    if result.get("max_concurrency") is not None:
+        lines.append(row("Maximum request concurrency:", result["max_concurrency"]))
+    if math.isfinite(result.get("request_rate", math.inf)):
+        lines.append(row("Request rate configured (RPS):", float(result["request_rate"])))
+    lines += [row("Benchmark duration (s):", s["duration_s"]),
+              row("Total input tokens:", s["total_input_tokens"]),
+              row("Total generated tokens:", s["total_output_tokens"]),
+              row("Request throughput (req/s):", s["request_throughput"]),
+              row("Output token throughput (tok/s):", s["output_throughput"]),
+              row("Total token throughput (tok/s):", s["total_token_throughput"])]
     for key, title, short in [("ttft_ms", "Time to First Token", "TTFT"),
                               ("tpot_ms", "Time per Output Token (excl. 1st token)", "TPOT"),
                               ("itl_ms", "Inter-token Latency", "ITL"), ("e2el_ms", "End-to-end Latency", "E2EL")]:
-        lines.append("{:-^60}".format(f" {title} "))
+        lines.append("{:-^50}".format(title))
         for stat, value in s[key].items():
-            label = "Mean" if stat == "mean" else stat.upper()
-            lines.append(f"{f'{label} {short} (ms):':<44}{num(value)}")
+            label = {"mean": "Mean", "p50": "Median"}.get(stat, stat.upper())
+            lines.append(row(f"{label} {short} (ms):", value))
     warm = result.get("warmup")
     if warm and warm["failed"]:
         lines.append(f"Warm-up: {warm['failed']} of {warm['completed'] + warm['failed']} requests failed")
     if s["errors"]:
-        lines.append("{:-^60}".format(" Errors "))
+        lines.append("{:-^50}".format(" Errors "))
         lines += [f"{count} x {message}" for message, count in s["errors"].items()]
-    lines.append("=" * 60)
+    lines.append("=" * 50)
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The CLI: 0 when every measured request completed, 1 when some failed, 2 when the benchmark could not run."""
-    parser = add_cli_args(argparse.ArgumentParser(prog="serving", description=__doc__.split("\n")[0],
-                                                  epilog="Exit status: 0 all requests completed, 1 some failed, "
-                                                         "2 the benchmark could not run."))
-    args = parser.parse_args(argv)
+def run_cli(args: argparse.Namespace) -> int:
+    """Run, print the summary, write the result files: 0 when every measured request completed, 1 when some
+    failed, 2 when the benchmark could not run."""
     try:
         result = run_from_args(args)
     except (BenchmarkError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_summary(result))
-    if args.output_json:
-        write_json(result, args.output_json)
+    print(format_summary(result), flush=True)
+    for path in result_paths(args, result):
+        write_json(result, path)
     return 0 if result["summary"]["failed"] == 0 else 1
+
+
+EPILOG = "Exit status: 0 all requests completed, 1 some failed, 2 the benchmark could not run."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """benchmarks/serving.py: the same flags as `jaxllm bench serve`."""
+    parser = add_cli_args(argparse.ArgumentParser(prog="serving", description=__doc__.split("\n")[0],
+                                                  epilog=EPILOG))
+    return run_cli(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

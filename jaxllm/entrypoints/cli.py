@@ -1,6 +1,7 @@
 """The `jaxllm` command line: `jaxllm generate PROMPT...` runs prompts through the engine and prints the text;
 `jaxllm serve [MODEL]` runs the OpenAI-compatible HTTP server; `jaxllm quantize [MODEL] OUTPUT_DIR` writes an
-AWQ int4 checkpoint."""
+AWQ int4 checkpoint; `jaxllm bench throughput` and `jaxllm bench serve` are vLLM's benchmarks (offline engine
+throughput; latency and throughput of a running server)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ GENERATE_DESCRIPTION = """Generate continuations of prompts. Every engine argume
 `jaxllm serve`; two defaults differ here: --max-model-len is 2048, and --max-num-seqs is the number of prompts
 unless given."""
 SERVE_HELP = "serve the OpenAI-compatible HTTP API"
+BENCH_HELP = "benchmark offline throughput or a running server, as `vllm bench`"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_server(args)
         if args.command == "quantize":
             return _quantize(args)
+        if args.command == "bench":
+            return _bench(args)
         return _generate(args)
     except (ValueError, FileNotFoundError, MissingDependencyError) as e:  # bad input or a missing package: one
         print(f"jaxllm: error: {e}", file=sys.stderr)                      # clear line, no traceback
@@ -37,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """`jaxllm generate` and `jaxllm serve`; both take every EngineArgs field as a flag (add_engine_args).
-    `command`: the one about to run, when known; `serve`'s flags are built only for it or for none (they import the
-    server, half a second a one-prompt `generate` need not wait)."""
+    """`jaxllm generate`, `serve`, `quantize` and `bench`; generate, serve and bench throughput take every EngineArgs
+    field as a flag (add_engine_args). `command`: the one about to run, when known; the flags of `serve` and
+    `bench` are built only for it or for none (they import the server and the benchmarks: half a second that a
+    one-prompt `generate` need not wait)."""
     from jaxllm.engine.arg_utils import add_engine_args
 
     parser = argparse.ArgumentParser(prog="jaxllm", description="LLM inference in JAX")
@@ -64,7 +69,33 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     add_quantize_args(commands.add_parser("quantize", help="write an AWQ int4 checkpoint of a model",
                                           description=QUANTIZE_DESCRIPTION))
+    if command in (None, "bench"):
+        _add_bench_command(commands)
+    else:
+        commands.add_parser("bench", help=BENCH_HELP)
     return parser
+
+
+def _add_bench_command(commands) -> None:
+    """`jaxllm bench throughput` (the engine in this process) and `jaxllm bench serve` (a running server), with
+    vLLM's flags; the implementations are jaxllm.benchmarks.throughput and jaxllm.benchmarks.serving."""
+    from jaxllm.benchmarks import serving, throughput
+
+    bench = commands.add_parser("bench", help=BENCH_HELP,
+                                description="Benchmarks with vLLM's flags and summaries.")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    raw = argparse.RawDescriptionHelpFormatter  # the module docstrings, with their examples, as they are laid out
+    throughput.add_cli_args(kinds.add_parser("throughput", help="offline engine throughput, as `vllm bench "
+                                             "throughput`", description=throughput.__doc__, formatter_class=raw))
+    serving.add_cli_args(kinds.add_parser("serve", help="latency and throughput of a running server, as `vllm bench "
+                                          "serve`", description=serving.__doc__, epilog=serving.EPILOG,
+                                          formatter_class=raw))
+
+
+def _bench(args) -> int:
+    from jaxllm.benchmarks import serving, throughput
+
+    return (throughput if args.bench_command == "throughput" else serving).run_cli(args)
 
 
 def _add_serve_command(commands) -> None:

@@ -1,4 +1,6 @@
-"""benchmarks/throughput.py end to end on the tiny random-weight preset; its dataset and model presets."""
+"""The offline throughput benchmark (jaxllm/benchmarks/throughput.py): `jaxllm bench throughput`'s flags and a run
+on a tiny model directory; benchmarks/throughput.py on the tiny random-weight preset; its dataset and model
+presets."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import jax
@@ -14,6 +17,7 @@ import pytest
 
 from jaxllm.benchmarks.datasets import length_range, random_requests
 from jaxllm.benchmarks.model_presets import MODEL_PRESETS, model_preset
+from jaxllm.entrypoints.cli import build_parser, main
 from jaxllm.model.params import abstract_params
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.py"
@@ -44,12 +48,72 @@ def test_throughput_script_tiny_random_weights(tmp_path):
     assert report["environment"]["date"]
 
 
-def test_script_rejects_inconsistent_flags():
+def test_script_rejects_inconsistent_flags(capsys):
     script = _load_script()
-    for argv in (["--random-weights"], ["--config", "tiny"], ["--random-range-ratio", "0.5"],
-                 ["--model", "x", "--random-weights", "--config", "tiny"]):
-        with pytest.raises(SystemExit):
-            script.parse_args(argv)
+    for argv, message in ((["--random-weights"], "go together"), (["--config", "tiny"], "go together"),
+                          (["--model", "x", "--random-weights", "--config", "tiny"], "exclude each other"),
+                          (["--dataset-name", "sonnet"], "'sonnet' is not available")):
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ jaxllm bench throughput
+
+def test_bench_throughput_takes_vllms_flags_and_every_engine_flag():
+    args = build_parser().parse_args([
+        "bench", "throughput", "--model", "some/model", "--dataset-name", "random", "--input-len", "32",
+        "--output-len", "16", "--num-prompts", "10", "--seed", "7", "--random-range-ratio", "0.25",
+        "--output-json", "out.json", "--max-num-seqs", "8", "--dtype", "bfloat16", "--no-enable-prefix-caching"])
+    assert (args.command, args.bench_command, args.model, args.dataset_name) == ("bench", "throughput",
+                                                                                  "some/model", "random")
+    assert (args.input_len, args.output_len, args.num_prompts, args.seed) == (32, 16, 10, 7)
+    assert (args.random_range_ratio, args.output_json) == (0.25, "out.json")
+    assert (args.max_num_seqs, args.dtype, args.enable_prefix_caching) == (8, "bfloat16", False)
+    aliases = build_parser().parse_args(["bench", "throughput", "--random-input-len", "5", "--random-output-len", "3"])
+    assert (aliases.input_len, aliases.output_len, aliases.dataset_name) == (5, 3, "random")
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "hf", "sentences"])
+def test_bench_throughput_refuses_other_datasets_by_name(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["bench", "throughput", "--dataset-name", name])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert f"argument --dataset-name: dataset {name!r} is not available: choose random" in err
+
+
+def test_bench_throughput_refuses_model_with_random_weights(capsys):
+    assert main(["bench", "throughput", "--model", "x", "--random-weights", "--config", "tiny"]) == 2
+    assert capsys.readouterr().err == "jaxllm: error: --model and --random-weights exclude each other\n"
+
+
+THROUGHPUT_LINE = re.compile(r"^Throughput: ([0-9.]+) requests/s, ([0-9.]+) total tokens/s, ([0-9.]+) output "
+                             r"tokens/s$", re.MULTILINE)
+
+
+def test_bench_throughput_on_a_tiny_model_directory(tiny_model_dir, tmp_path, capsys):
+    model_dir, _ = tiny_model_dir("llama2")
+    out = tmp_path / "throughput.json"
+    assert main(["bench", "throughput", "--model", str(model_dir), "--dataset-name", "random", "--num-prompts", "3",
+                 "--input-len", "8", "--output-len", "4", "--seed", "1", "--output-json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    line = THROUGHPUT_LINE.search(printed)
+    assert line, printed
+    assert [float(x) for x in line.groups()] == pytest.approx(
+        [report["requests_per_second"], report["tokens_per_second"], report["output_tokens_per_second"]],
+        abs=0.006)  # the line rounds to 2 decimals
+    assert "Total num prompt tokens:  24" in printed and "Total num output tokens:  12" in printed
+    # vLLM's keys, then jaxllm's own
+    assert (report["num_requests"], report["total_num_tokens"]) == (3, 3 * 8 + 3 * 4)
+    assert (report["total_prompt_tokens"], report["total_output_tokens"]) == (24, 12)
+    assert report["requests_per_second"] == pytest.approx(3 / report["elapsed_time"])
+    assert report["tokens_per_second"] == pytest.approx(36 / report["elapsed_time"])
+    assert report["output_tokens_per_second"] == pytest.approx(12 / report["elapsed_time"])
+    assert report["model"] == str(model_dir) and report["args"]["model"] == str(model_dir)
+    assert report["args"]["seed"] == 1 and report["args"]["skip_tokenizer"] is True  # what the engine ran with
+    assert report["xla_compiles_in_timed_run"] == 0 and report["step_programs_compiled_in_warmup"] >= 1
 
 
 def test_random_requests_lengths_stay_in_vllm_range_and_reach_both_ends():

@@ -1,10 +1,12 @@
 """The serving benchmark (jaxllm/benchmarks/serving.py): its arrival schedule and metric arithmetic on their own,
-its stream parsing against canned responses, and whole runs against a real server subprocess."""
+its stream parsing against canned responses, `jaxllm bench serve`'s flags, and whole runs against a real server
+subprocess."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import numpy as np
@@ -18,7 +20,10 @@ from jaxllm.benchmarks.serving import (
     main,
     make_requests,
     run_benchmark,
+    server_url,
 )
+from jaxllm.entrypoints.cli import build_parser
+from jaxllm.entrypoints.cli import main as jaxllm_main
 from tests.tiny_models import TOKENIZER_MODEL_CONFIG
 from tests.server.helpers import MODEL
 
@@ -205,3 +210,82 @@ def test_cli_writes_json(server, tmp_path, capsys):
     assert data["args"]["request_rate"] == "inf" and data["args"]["max_concurrency"] == 2
     assert data["summary"]["completed"] == 4 and data["summary"]["total_output_tokens"] == 20
     assert len(data["requests"]) == 4 and data["warmup"]["completed"] == 2
+    assert data["base_url"] == server.url
+    # the same figures under vLLM's result keys
+    assert (data["completed"], data["duration"]) == (4, data["summary"]["duration_s"])
+    assert data["median_ttft_ms"] == data["summary"]["ttft_ms"]["p50"]
+
+
+# ----------------------------------------------------------------------------------------------- jaxllm bench serve
+
+def test_bench_serve_takes_vllms_flags():
+    args = build_parser().parse_args([
+        "bench", "serve", "--host", "10.0.0.5", "--port", "8123", "--model", "m", "--endpoint", "/v1/completions",
+        "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "5",
+        "--request-rate", "2.5", "--max-concurrency", "3", "--seed", "9", "--num-warmups", "0",
+        "--output-json", "a.json", "--save-result", "--result-dir", "results", "--result-filename", "b.json"])
+    assert (args.command, args.bench_command, args.model, args.endpoint) == ("bench", "serve", "m",
+                                                                               "/v1/completions")
+    assert (args.dataset_name, args.input_len, args.output_len, args.num_prompts) == ("random", 32, 16, 5)
+    assert (args.request_rate, args.max_concurrency, args.seed, args.num_warmup) == (2.5, 3, 9, 0)
+    assert (args.output_json, args.save_result, args.result_dir, args.result_filename) == ("a.json", True,
+                                                                                           "results", "b.json")
+    assert server_url(args) == "http://10.0.0.5:8123"
+    defaults = build_parser().parse_args(["bench", "serve"])
+    assert defaults.request_rate == float("inf") and defaults.max_concurrency is None
+    assert server_url(defaults) == "http://127.0.0.1:8000" and not defaults.save_result
+    assert server_url(build_parser().parse_args(["bench", "serve", "--base-url", "http://h:1", "--port", "2"])) \
+        == "http://h:1"  # --base-url wins, as in vLLM
+    assert server_url(build_parser().parse_args(["bench", "serve", "--host", "::1"])) == "http://[::1]:8000"
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "sonnet", "hf"])
+def test_bench_serve_refuses_other_datasets_by_name(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["bench", "serve", "--dataset-name", name])
+    assert exit_info.value.code == 2
+    assert (f"argument --dataset-name: dataset {name!r} is not available: choose random or sentences"
+            in capsys.readouterr().err)
+
+
+def test_bench_serve_result_dir_needs_save_result(capsys):
+    assert jaxllm_main(["bench", "serve", "--result-dir", "somewhere"]) == 2
+    assert "add --save-result" in capsys.readouterr().err
+
+
+def test_bench_serve_against_the_server(server, tmp_path, capsys):
+    rc = jaxllm_main(["bench", "serve", "--host", "127.0.0.1", "--port", str(server.port), "--endpoint",
+                      "/v1/completions", "--dataset-name", "random", "--random-input-len", "6",
+                      "--random-output-len", "4", "--num-prompts", "3", "--max-concurrency", "2", "--num-warmups",
+                      "1", "--seed", "3", "--save-result", "--result-dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    # vLLM's summary lines, its labels and layout (label padded to 40 columns, then the value)
+    values = dict(re.findall(r"^(\S.{39}) (\S+)$", printed, re.MULTILINE))
+    values = {label.strip(): value for label, value in values.items()}
+    assert values["Successful requests:"] == "3" and values["Failed requests:"] == "0"
+    assert values["Maximum request concurrency:"] == "2" and "Request rate configured (RPS):" not in values
+    assert (values["Total input tokens:"], values["Total generated tokens:"]) == ("18", "12")
+    for label in ("Benchmark duration (s):", "Request throughput (req/s):", "Output token throughput (tok/s):",
+                  "Total token throughput (tok/s):", *(f"{stat} {metric} (ms):" for metric in ("TTFT", "TPOT", "ITL")
+                                                      for stat in ("Mean", "Median", "P99"))):
+        assert float(values[label]) > 0, label
+    assert printed.splitlines()[0] == "{:=^50}".format(" Serving Benchmark Result ")
+
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and re.fullmatch(r"openai-infqps-concurrency2-tiny-\d{8}-\d{6}\.json", files[0].name)
+    data = json.loads(files[0].read_text())
+    s = data["summary"]
+    assert (data["completed"], data["failed"], data["num_prompts"]) == (3, 0, 3)
+    assert (data["total_input_tokens"], data["total_output_tokens"]) == (18, 12)
+    assert (data["request_rate"], data["max_concurrency"], data["model"]) == ("inf", 2, MODEL)
+    assert data["base_url"] == server.url and data["endpoint"] == "/v1/completions"
+    assert data["duration"] == s["duration_s"] and data["request_throughput"] == pytest.approx(3 / data["duration"])
+    assert data["output_throughput"] == pytest.approx(12 / data["duration"])
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        stats = s[f"{metric}_ms"]
+        assert data[f"mean_{metric}_ms"] == stats["mean"] and data[f"median_{metric}_ms"] == stats["p50"]
+        assert data[f"p99_{metric}_ms"] == stats["p99"] > 0
+    assert float(values["Median TTFT (ms):"]) == pytest.approx(data["median_ttft_ms"], abs=0.006)
+    assert len(data["requests"]) == 3 and all(r["success"] for r in data["requests"])
+    assert data["warmup"]["completed"] == 1
