@@ -43,7 +43,9 @@ def assemble_params(
 ) -> LlamaParams:
     np_dtype = numpy_dtype(dtype)
     layer_shapes, global_shapes = checkpoint_layer_shapes(config), global_param_shapes(config)
-    layers = {field: [None] * config.num_layers for field in layer_shapes}
+    parts: list[dict] = [{} for _ in range(config.num_layers)]  # each layer's tensors until it is complete
+    fused: list[dict | None] = [None] * config.num_layers  # then its fused fields (the parts' memory is reused)
+    formats: dict[str, str] = {}  # field -> its weight format, the same in every layer
     top: dict[str, np.ndarray] = {}
     expected_count = len(global_shapes) + config.num_layers * len(layer_shapes)
     tensors = progress.track(tensors, "Loading weights", "tensors", total=expected_count,
@@ -58,39 +60,47 @@ def assemble_params(
         if tuple(array.shape) != expected:
             raise ModelLoadError(source, f"tensor {name!r} has shape {tuple(array.shape)}, but the config implies "
                                  f"{expected}")
-        if (field in top) if layer is None else (layers[field][layer] is not None):
+        if (field in top) if layer is None else (field in parts[layer] or fused[layer] is not None):
             raise ModelLoadError(source, f"tensor {name!r} appears twice")
         if not isinstance(array, weights.WeightFormat):
             array = aligned_as(array, np_dtype)  # CPU devices use it in place (host_arrays)
         if layer is None:
             top[field] = array
-        else:
-            layers[field][layer] = array
+            continue
+        _check_format(formats, field, array, source)
+        parts[layer][field] = array
+        if len(parts[layer]) == len(layer_shapes):
+            fused[layer], parts[layer] = _fuse(parts[layer], source), {}
     missing = [f for f in global_shapes if f not in top]
-    missing += [f"layer {i} {f}" for f, per in layers.items() for i, a in enumerate(per) if a is None]
+    missing += [f"layer {i} {f}" for i, done in enumerate(fused) if done is None
+                for f in layer_shapes if f not in parts[i]]
     if missing:
         raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    try:
-        check_same_formats(layers)
-        per_layer = [fuse_layer_tensors({field: per[i] for field, per in layers.items()})
-                     for i in range(config.num_layers)]
-    except TypeError as e:  # formats that differ between layers or cannot be fused (one of q/k/v packed, ...)
-        raise ModelLoadError(source, f"{e}: every layer's q, k and v (and gate and up) must be stored alike") from e
-    return LlamaParams(layers=tuple(LayerParams(**fields) for fields in per_layer), **top)
+    return LlamaParams(layers=tuple(LayerParams(**fields) for fields in fused), **top)
 
 
 def _host_bytes(weight) -> int:
     return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(weight))
 
 
-def check_same_formats(layers: Mapping[str, list]) -> None:
-    """TypeError naming the formats when one field's weights differ in format from layer to layer (the sharding
-    rules and the kernels are chosen per field)."""
-    for field, per in layers.items():
-        kinds = {weights.format_name(w) for w in per}
-        if len(kinds) > 1:
-            raise TypeError(f"layers store {field} in different formats: {', '.join(sorted(kinds))}")
+def _check_format(formats: dict[str, str], field: str, weight, source: str) -> None:
+    """ModelLoadError naming the formats when one field's weights differ in format from layer to layer (the
+    sharding rules and the kernels are chosen per field)."""
+    kind = formats.setdefault(field, weights.format_name(weight))
+    if kind != weights.format_name(weight):
+        raise ModelLoadError(source, f"layers store {field} in different formats: "
+                             f"{', '.join(sorted({kind, weights.format_name(weight)}))}: {_ALIKE}")
+
+
+def _fuse(layer_tensors: dict, source: str) -> dict:
+    try:
+        return fuse_layer_tensors(layer_tensors)
+    except TypeError as e:  # parts that cannot be fused (one of q/k/v packed, ...)
+        raise ModelLoadError(source, f"{e}: {_ALIKE}") from e
+
+
+_ALIKE = "every layer's q, k and v (and gate and up) must be stored alike"
 
 
 def tensor_field(name: str, global_names: Mapping[str, str], layer_pattern: re.Pattern,
