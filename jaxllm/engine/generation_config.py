@@ -23,7 +23,6 @@ from jaxllm.loaders.resolve import ModelSource
 logger = logging.getLogger(__name__)
 
 FILE_NAME = "generation_config.json"
-CHOICES = ("auto", "vllm")  # or a folder
 # Hugging Face's name -> its check, as SamplingParams' own (a value absent or null reads as None)
 _FIELDS: dict[str, Callable[[FieldReader, str], Any]] = {
     "repetition_penalty": lambda r, key: r.number(key, None),
