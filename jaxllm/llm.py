@@ -17,7 +17,7 @@ class LLM:
     """Load a model once, then generate for batches of prompts with continuous batching.
 
     Arguments are EngineArgs fields (jaxllm.engine.args.EngineArgs: model, None for the default model, dtype,
-    max_model_len, max_num_seqs, ...; `jaxllm serve --help` lists them all as flags).
+    max_model_len, max_num_seqs, generation_config, ...; `jaxllm serve --help` lists them all as flags).
     """
 
     def __init__(self, model: str | None = None, **engine_args):
@@ -27,6 +27,11 @@ class LLM:
 
     def get_tokenizer(self):
         return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The SamplingParams that generate and chat use when given none: the generation config's values
+        (generation_config, override_generation_config), SamplingParams' own defaults for the rest."""
+        return SamplingParams(**self.engine.sampling_defaults)
 
     def generate(
         self,
@@ -38,10 +43,12 @@ class LLM:
     ) -> list[RequestOutput]:
         """Outputs in the order of `prompts`. A prompt is a string, a list of token ids, or a dict with
         "prompt" or "prompt_token_ids" (and optionally its own "lora_request"); sampling_params is one for all
-        prompts or one per prompt. lora_request (LLM(..., enable_lora=True)): one adapter for all prompts, or one
-        per prompt (None: the base model). Each output holds n completions (with best_of > n: the n of highest
-        cumulative logprob, best first)."""
+        prompts or one per prompt (None: get_default_sampling_params()). lora_request (LLM(..., enable_lora=True)):
+        one adapter for all prompts, or one per prompt (None: the base model). Each output holds n completions
+        (with best_of > n: the n of highest cumulative logprob, best first)."""
         prompts = self._as_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = self._params_per_prompt(sampling_params, len(prompts))
         loras = self._loras_per_prompt(lora_request, prompts)
         priority = list(priority) if priority is not None else [0] * len(prompts)
@@ -128,8 +135,6 @@ class LLM:
 
     @staticmethod
     def _params_per_prompt(sampling_params, count: int) -> list[SamplingParams]:
-        if sampling_params is None:
-            return [SamplingParams()] * count
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * count
         sampling_params = list(sampling_params)

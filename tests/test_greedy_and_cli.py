@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -68,3 +70,37 @@ def test_cli_without_torch_prints_no_pytorch_advice(tiny_model_with_tokenizer):
     assert result.returncode == 0, result.stderr
     assert "PyTorch was not found" not in result.stderr
     assert "[2 tokens from 1 prompts" in result.stderr  # the CLI's own report still shows
+
+
+@pytest.mark.parametrize("flags, defaults, expected", [
+    ([], {}, dict(max_tokens=32, temperature=0.0, top_p=1.0, top_k=0)),  # no generation config: greedy, 32
+    ([], {"temperature": 0.6, "top_p": 0.9, "max_tokens": 100, "min_p": 0.1},
+     dict(max_tokens=100, temperature=0.6, top_p=0.9, top_k=0, min_p=0.1)),
+    (["--temperature", "0", "--max-tokens", "5"], {"temperature": 0.6, "top_p": 0.9, "max_tokens": 100},
+     dict(max_tokens=5, temperature=0.0, top_p=1.0)),  # greedy: top_p back to 1
+    (["--top-k", "3"], {"temperature": 0.6, "top_k": 20}, dict(max_tokens=32, temperature=0.6, top_k=3)),
+])
+def test_generate_flags_given_then_the_generation_config_then_its_own_defaults(flags, defaults, expected):
+    from jaxllm.entrypoints.cli import _sampling_params, build_parser
+
+    params = _sampling_params(build_parser().parse_args(["generate", "hi", *flags]), defaults)
+    assert {name: getattr(params, name) for name in expected} == expected
+
+
+@pytest.mark.slow
+def test_cli_generate_takes_max_new_tokens_from_the_generation_config(tiny_model_with_tokenizer, tmp_path, capsys):
+    model = shutil.copytree(tiny_model_with_tokenizer, tmp_path / "model")
+    (model / "generation_config.json").write_text(json.dumps({"max_new_tokens": 3, "temperature": 0.0}))
+    args = ["generate", "Hello", "--model", str(model), "--max-model-len", "64"]
+    for flags, tokens in (([], 3), (["--max-tokens", "5"], 5), (["--generation-config", "vllm"], 32)):
+        assert main([*args, *flags]) == 0
+        assert f"[{tokens} tokens from 1 prompts" in capsys.readouterr().err
+
+
+def test_cli_names_a_missing_generation_config_before_loading(tiny_model_dir, tmp_path, capsys):
+    model, missing = tiny_model_dir("llama2")[0], tmp_path / "nowhere"
+    capsys.readouterr()  # writing the model's files reports progress
+    assert main(["generate", "hi", "--model", str(model), "--generation-config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxllm: error: {missing / 'generation_config.json'}: not found: generation_config "
+                          "takes 'auto'") and err.count("\n") == 1

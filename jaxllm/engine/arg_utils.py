@@ -2,8 +2,9 @@
 `jaxllm generate` and the two cannot drift from the dataclass or from each other.
 
 A field becomes `--field-name` (dashes for underscores) with the field's default; its type comes from the
-annotation (`int | None` parses as int, unset stays None), a bool field becomes `--name/--no-name`, and the help
-text and any fixed choices come from the field's metadata.
+annotation (`int | None` parses as int, unset stays None) or from the field's own parse function (a ValueError
+it raises is the flag's error), a bool field becomes `--name/--no-name`, and the help text and any fixed choices
+come from the field's metadata.
 """
 
 from __future__ import annotations
@@ -33,10 +34,21 @@ def _flag_options(field: dataclasses.Field, annotation: typing.Any) -> dict:
     options = {"dest": field.name, "default": field.default, "help": help_text}
     if annotation is bool:
         return {**options, "action": argparse.BooleanOptionalAction}
-    options["type"] = value_type(annotation)
+    options["type"] = _flag_parser(field.metadata["parse"]) if "parse" in field.metadata else value_type(annotation)
     if "choices" in field.metadata:
         options["choices"] = (*field.metadata["choices"], *field.metadata.get("aliases", ()))
     return options
+
+
+def _flag_parser(parse: typing.Callable[[str], typing.Any]) -> typing.Callable[[str], typing.Any]:
+    """parse, its ValueError an argparse error ("argument --flag: <message>")."""
+    def parse_flag(text: str) -> typing.Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse_flag
 
 
 def value_type(annotation: typing.Any) -> type:

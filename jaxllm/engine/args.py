@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxllm.config import CacheConfig, LoRAConfig, ParallelConfig, SchedulerConfig
 from jaxllm.engine import compilation_cache, distributed
+from jaxllm.engine.generation_config import check_override, override_from_json
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.model import kernels
@@ -44,10 +45,14 @@ MINIMUMS = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, 
             "num_processes": 1, "process_id": 0, "max_loras": 1, "max_lora_rank": 1, "max_cpu_loras": 1}
 
 
-def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = ()) -> Any:
+def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
+         parse: Callable[[str], Any] | None = None) -> Any:
     """A dataclass field whose metadata holds its command-line help and, if it has a fixed set, its choices (and
-    other names the flag also takes, which __post_init__ normalizes)."""
+    other names the flag also takes, which __post_init__ normalizes); parse: how the flag's text becomes the value
+    where the annotation's type cannot (a ValueError is the flag's error)."""
     metadata = {"help": help} if choices is None else {"help": help, "choices": choices, "aliases": aliases}
+    if parse is not None:
+        metadata["parse"] = parse
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -78,6 +83,16 @@ class EngineArgs:
     scheduling_policy: str = _arg("fcfs", "fcfs: arrival order; priority: lower priority value first, then "
                                           "arrival", SCHEDULING_POLICIES)
     seed: int = _arg(0, "seed of the random sampling streams of requests without a seed of their own")
+    generation_config: str = _arg("auto", "where the default sampling parameters come from: auto, the model's "
+                                          "generation config (its generation_config.json, or a GGUF's "
+                                          "general.sampling metadata); vllm, none (jaxllm's own defaults); or a "
+                                          "folder holding a generation_config.json. Its repetition_penalty, "
+                                          "temperature, top_k, top_p, min_p and max_new_tokens (max_tokens) are "
+                                          "what a request's unset fields default to")
+    override_generation_config: dict | None = _arg(None, "JSON object of generation config keys (those six) "
+                                                         "replacing or adding to generation_config's, e.g. "
+                                                         "'{\"temperature\": 0.5}' (null removes one)",
+                                                   parse=override_from_json)
     attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, else cpu (the native "
                                           "kernel, built at first use) or reference where it cannot be built",
                           ATTENTION_CHOICES)
@@ -128,6 +143,7 @@ class EngineArgs:
             if value is not None and value < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value}")
         check_quantization_name(self.quantization)
+        self._check_generation_config()
         self.process_group()  # num_processes, process_id and coordinator_address (or their variables) agree
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
@@ -140,6 +156,15 @@ class EngineArgs:
             if choices is not None and getattr(self, field.name) not in choices:
                 raise ValueError(f"{field.name} must be one of {', '.join(choices)}; got "
                                  f"{getattr(self, field.name)!r}")
+
+    def _check_generation_config(self) -> None:
+        if not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a folder holding generation_config.json")
+        if self.override_generation_config is not None:
+            try:
+                check_override(self.override_generation_config)
+            except ValueError as e:
+                raise ValueError(f"override_generation_config: {e}") from None
 
     def _check_types(self) -> None:
         """Each field holds its annotated type (None only where the annotation allows it; an int for a float)."""

@@ -30,12 +30,13 @@ from jaxllm.errors import lone_surrogate
 from jaxllm.engine import distributed
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.block_pool import BlockPool
+from jaxllm.engine.generation_config import sampling_defaults
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.output_processor import OUTPUT_KINDS, OutputProcessor
 from jaxllm.engine.request import Request, RequestStatus
 from jaxllm.engine.runner import InflightStep, ModelRunner, StepResults
 from jaxllm.engine.scheduler import Scheduler, SchedulerOutput
-from jaxllm.loaders import load_host_model, place_model
+from jaxllm.loaders import load_host_model, place_model, resolve_model
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.lora.request import LoRARequest
 from jaxllm.model import tensor_parallel
@@ -62,6 +63,10 @@ class LLMEngine:
         args = dataclasses.replace(args, tensor_parallel_size=distributed.tensor_parallel_size(
             args.tensor_parallel_size, group))
         self.process_index = distributed.process_index()  # 0 unless several processes run the model
+        # what a request's unset sampling fields default to (vLLM's get_diff_sampling_param), read before the
+        # weights so that a bad generation config fails at once
+        self.sampling_defaults = sampling_defaults(args.generation_config, args.override_generation_config,
+                                                   loaded.source if loaded is not None else resolve_model(args.model))
         if loaded is None:  # on the host: _place puts the params on their devices
             loaded = load_host_model(args.model, dtype=args.dtype, quantization=args.quantization)
         # the params on their mesh (one device unless split) before the pool is sized

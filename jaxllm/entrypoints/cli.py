@@ -13,9 +13,12 @@ import time
 
 GENERATE_DESCRIPTION = """Generate continuations of prompts. Every engine argument is a flag, as for
 `jaxllm serve`; two defaults differ here: --max-model-len is 2048, and --max-num-seqs is the number of prompts
-unless given."""
+unless given. The sampling flags not given take the model's generation config (--generation-config,
+--override-generation-config), else generate's own defaults: 32 tokens, greedy."""
 SERVE_HELP = "serve the OpenAI-compatible HTTP API"
 BENCH_HELP = "benchmark offline throughput or a running server, as `vllm bench`"
+# generate's sampling defaults, for the flags not given that the generation config does not set either
+GENERATE_SAMPLING_DEFAULTS = {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,10 +54,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate continuations of prompts", description=GENERATE_DESCRIPTION)
     gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
-    gen.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (default 32)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
+    unset = "default: the generation config's, else"  # None: not given (_sampling_params)
+    gen.add_argument("--max-tokens", type=int, help=f"new tokens per prompt ({unset} 32)")
+    gen.add_argument("--temperature", type=float, help=f"0 decodes greedily ({unset} 0)")
+    gen.add_argument("--top-p", type=float, help=f"({unset} 1)")
+    gen.add_argument("--top-k", type=int, help=f"0 keeps every token ({unset} 0)")
     gen.add_argument("--chat", action="store_true", help="send each prompt as a user message through the "
                      "model's chat template")
     add_engine_args(gen)
@@ -118,14 +122,13 @@ def _add_serve_command(commands) -> None:
 def _generate(args) -> int:
     from jaxllm.engine.args import EngineArgs
     from jaxllm.llm import LLM
-    from jaxllm.sampling_params import SamplingParams
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k)
+    _sampling_params(args, {})  # a bad flag fails before the model loads
     start = time.perf_counter()
     max_num_seqs = len(args.prompts) if args.max_num_seqs is None else args.max_num_seqs
     engine_args = EngineArgs.from_cli_args(args, max_num_seqs=max_num_seqs)
     llm = LLM(**dataclasses.asdict(engine_args))
+    params = _sampling_params(args, llm.engine.sampling_defaults)
     if args.chat:
         from jinja2 import TemplateError
 
@@ -144,6 +147,14 @@ def _generate(args) -> int:
     print(f"[{tokens} tokens from {len(outputs)} prompts in {time.perf_counter() - start:.1f}s including load "
           f"and compile]", file=sys.stderr)
     return 0
+
+
+def _sampling_params(args, generation_defaults: dict):
+    """The flags given, then the generation config's values, then generate's own defaults."""
+    from jaxllm.sampling_params import SamplingParams
+
+    given = {name: getattr(args, name) for name in GENERATE_SAMPLING_DEFAULTS if getattr(args, name) is not None}
+    return SamplingParams(**{**GENERATE_SAMPLING_DEFAULTS, **generation_defaults, **given})
 
 
 def _quantize(args) -> int:

@@ -28,7 +28,8 @@ def render(tokenizer, template: str | None = None):
     tokenizer = copy.deepcopy(tokenizer)
     if template is not None:
         tokenizer.chat_template = template
-    engine = SimpleNamespace(engine=SimpleNamespace(scheduler_config=SimpleNamespace(max_model_len=64)))
+    engine = SimpleNamespace(engine=SimpleNamespace(scheduler_config=SimpleNamespace(max_model_len=64),
+                                                 sampling_defaults={}))
     serving = ChatServing(engine, ["tiny"], ServerTokenizer(tokenizer))
     return asyncio.run(serving.render(MESSAGES))
 

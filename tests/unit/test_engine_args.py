@@ -4,6 +4,7 @@ and the GPU memory budget is a share of the device's memory within XLA's allocat
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import jax
@@ -23,9 +24,11 @@ from jaxllm.sampling_batch import logit_state_bytes
 NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", quantization="awq", max_model_len=128,
                          max_num_seqs=3, max_num_batched_tokens=96, block_size=8, num_gpu_blocks=40,
                          gpu_memory_utilization=0.5, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False,
-                         enable_chunked_prefill=False, scheduling_policy="priority", seed=7, attention="reference",
-                         awq_matmul="pallas", lora_matmul="reference", warmup=True, disable_log_stats=True,
-                         async_scheduling=False, compilation_cache=False, compilation_cache_dir="xla-cache", skip_tokenizer=True,
+                         enable_chunked_prefill=False, scheduling_policy="priority", seed=7,
+                         generation_config="vllm", override_generation_config={"temperature": 0.5, "top_k": None},
+                         attention="reference", awq_matmul="pallas", lora_matmul="reference", warmup=True,
+                         disable_log_stats=True, async_scheduling=False, compilation_cache=False,
+                         compilation_cache_dir="xla-cache", skip_tokenizer=True,
                          tensor_parallel_size=2, enable_lora=True, max_loras=3, max_lora_rank=32, max_cpu_loras=5,
                          num_processes=2, process_id=1, coordinator_address="10.0.0.1:1234")
 
@@ -35,7 +38,8 @@ def _flags(args: EngineArgs) -> list[str]:
     flags = []
     for field in dataclasses.fields(args):
         name, value = field.name.replace("_", "-"), getattr(args, field.name)
-        flags += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else [f"--{name}", str(value)]
+        text = json.dumps(value) if isinstance(value, dict) else str(value)
+        flags += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else [f"--{name}", text]
     return flags
 
 
@@ -128,6 +132,10 @@ def test_choices_are_the_values_the_engine_accepts():
     ("seed", True, "seed must be int, got True"),
     ("model", 5, "model must be str or None, got 5"),
     ("gpu_memory_utilization", "high", "gpu_memory_utilization must be float, got 'high'"),
+    ("override_generation_config", {"temp": 1}, r"override_generation_config: unknown key 'temp' \(known: .*\)"),
+    ("override_generation_config", {"top_k": "5"}, "override_generation_config: top_k must be an integer .*"),
+    ("override_generation_config", '{"top_k": 5}', "override_generation_config must be dict or None, got .*"),
+    ("generation_config", "", "generation_config must be auto, vllm or a folder holding generation_config.json"),
 ])
 def test_out_of_range_fields_are_named(field, value, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
@@ -142,6 +150,19 @@ def test_out_of_range_fields_are_named(field, value, message):
 def test_out_of_range_flag_is_one_clean_line(flags, message, capsys):
     assert main(["generate", "hi", *flags]) == 2
     assert capsys.readouterr().err == f"jaxllm: error: {message}\n"
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["serve"]])
+@pytest.mark.parametrize("value, message", [
+    ('{"temperature": 0.5', "not JSON (Expecting ',' delimiter"),
+    ('{"temprature": 0.5}', "unknown key 'temprature' (known: repetition_penalty, temperature,"),
+    ('{"temperature": "hot"}', "temperature must be a number >= 0 (finite), got 'hot'"),
+])
+def test_a_bad_override_is_refused_by_the_parser_naming_the_flag(command, value, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--override-generation-config", value])
+    assert exited.value.code == 2
+    assert f"argument --override-generation-config: {message}" in capsys.readouterr().err
 
 
 def test_unknown_choice_is_refused_by_the_parser(capsys):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -112,11 +113,16 @@ class SamplingRequest(RequestModel):
     def requested_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """SamplingParams of this request; raises ValueError naming a bad field."""
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        defaults: Mapping[str, Any] = MappingProxyType({})) -> SamplingParams:
+        """SamplingParams of this request; raises ValueError naming a bad field. defaults: what the optional
+        sampling fields and max_tokens take when the request leaves them unset (None), before SamplingParams' own
+        defaults (the server's generation config, vLLM's default_sampling_params)."""
         bias = None if self.logit_bias is None else _token_keys(self.logit_bias)
         optional = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                         repetition_penalty=self.repetition_penalty)
+        optional = {name: defaults.get(name) if value is None else value for name, value in optional.items()}
+        max_tokens = defaults.get("max_tokens") if max_tokens is None else max_tokens
         return SamplingParams(
             n=self.n, best_of=self.best_of, max_tokens=max_tokens, stop=self.stop, seed=self.seed, logit_bias=bias,
             logprobs=logprobs, prompt_logprobs=self.requested_prompt_logprobs(),

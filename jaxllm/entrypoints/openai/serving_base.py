@@ -62,6 +62,8 @@ class ServingBase:
         self.models = models if models is not None else ServedModels(engine, served_model_names)
         self.model_names = self.models.base_names
         self.max_model_len = engine.engine.scheduler_config.max_model_len
+        # what a request's unset sampling fields take: the generation config's (vLLM's default_sampling_params)
+        self.sampling_defaults = engine.engine.sampling_defaults
         self.limits = limits
 
     @property
@@ -106,8 +108,9 @@ class ServingBase:
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         max_tokens_field: str = "max_tokens") -> SamplingParams:
-        """The request's SamplingParams; a bad value is a 400 naming its field (max_tokens as the request
-        spelled it); a field jaxllm does not implement is a 400 naming it."""
+        """The request's SamplingParams, the fields it leaves unset from the generation config; a bad value is a
+        400 naming its field (max_tokens as the request spelled it); a field jaxllm does not implement is a 400
+        naming it."""
         field = unsupported_field(request.model_extra, self.request_kind)
         if field is not None:
             raise bad_request(f"{field} is not supported", field)
@@ -116,7 +119,7 @@ class ServingBase:
             if isinstance(value, int) and value > self.limits.max_n:
                 raise bad_request(f"{name} must be <= {self.limits.max_n} (this server's limit), got {value}", name)
         try:
-            params = request.sampling_params(max_tokens, logprobs)
+            params = request.sampling_params(max_tokens, logprobs, self.sampling_defaults)
         except ValueError as e:
             message, field = str(e), _field_named_in(str(e))
             if field == "max_tokens" and max_tokens_field != field:
@@ -124,6 +127,14 @@ class ServingBase:
             raise bad_request(message, field) from None
         self._check_stop_limits(params.stop)
         return params
+
+    def fit_default_max_tokens(self, params: SamplingParams, prompt_tokens: int) -> SamplingParams:
+        """params with a default max_tokens (the generation config's max_new_tokens, for a request that set none)
+        at most what the context leaves after the prompt, as vLLM caps it (a request's own is checked instead)."""
+        room = self.max_model_len - prompt_tokens  # min_tokens beyond it: the engine refuses the request, naming both
+        if params.max_tokens is None or params.max_tokens <= room:
+            return params
+        return dataclasses.replace(params, max_tokens=max(1, params.min_tokens, room))
 
     def _check_stop_limits(self, stop: list[str]) -> None:
         if len(stop) > self.limits.max_stop_strings:

@@ -32,6 +32,8 @@ class ChatServing(ServingBase):
                                                                           **request.template_options())},
                                    self.max_model_len)
         prompt_ids = prompt["prompt_token_ids"]
+        if request.requested_max_tokens() is None:
+            params = self.fit_default_max_tokens(params, len(prompt_ids))
         streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params, lora_request,
                                     request.priority)
         request_id, model = request.response_id("chatcmpl"), self.response_model(lora_request)

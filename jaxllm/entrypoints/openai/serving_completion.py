@@ -12,7 +12,8 @@ from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge,
     sampled_and_top, sse, stream_failure, token_text
 from jaxllm.outputs import CompletionOutput, RequestOutput
 
-DEFAULT_MAX_TOKENS = 16  # the OpenAI default for completions
+DEFAULT_MAX_TOKENS = 16  # the OpenAI default for completions (vLLM's too: a generation config's max_new_tokens
+# is the default of chat completions only)
 
 
 class CompletionServing(ServingBase):
