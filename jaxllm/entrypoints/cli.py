@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import os
 import sys
 import time
 
@@ -171,5 +173,16 @@ def _quantize(args) -> int:
     return 0
 
 
+def run() -> None:
+    """The `jaxllm` command: main(), its output flushed, then out without the interpreter's teardown of JAX's
+    runtime (half a second after a one-prompt `generate`, doing nothing a finished command needs; a chat template
+    child process ends on its own when its pipe closes)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

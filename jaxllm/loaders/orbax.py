@@ -16,7 +16,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jaxllm.config import SUPPORTED_ARCHITECTURES, ModelConfig, llama3_rope_scaling
 from jaxllm.errors import ModelLoadError
@@ -41,6 +40,7 @@ def save_checkpoint(path: str | Path, config: ModelConfig, params: LlamaParams, 
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"{path}: refusing to overwrite a non-empty directory")
     dtype = str(params_dtype(params))
+    ocp = _orbax()
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path / "params", params)
     if tokenizer is not None:
@@ -98,6 +98,7 @@ def load_checkpoint(path: Path, dtype: str | None = None, shardings: Any = None)
 def _restore(path: Path, target: LlamaParams, to_host: bool) -> LlamaParams:
     """The saved pytree with target's dtypes (orbax casts each array as it reads it): numpy arrays (to_host), or
     device arrays with target's shardings."""
+    ocp = _orbax()
     if not to_host:
         with ocp.StandardCheckpointer() as checkpointer:
             return checkpointer.restore(path, target)
@@ -109,6 +110,7 @@ def _restore(path: Path, target: LlamaParams, to_host: bool) -> LlamaParams:
 def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
     """name -> shape of each array saved in params/, from orbax's metadata (nothing is read); None when this
     orbax version's metadata does not have that form, or cannot be read (restoring then says what is wrong)."""
+    ocp = _orbax()
     try:
         with ocp.PyTreeCheckpointer() as checkpointer:
             metadata = checkpointer.metadata(path / "params")
@@ -177,3 +179,10 @@ def _config(c: FieldReader) -> ModelConfig:
         return ModelConfig(**fields)
     except ValueError as e:
         raise ModelLoadError(c.source, str(e)) from e
+
+
+def _orbax():
+    """orbax.checkpoint, imported where a checkpoint is saved or read: a sixth of a second that other starts skip."""
+    import orbax.checkpoint
+
+    return orbax.checkpoint
