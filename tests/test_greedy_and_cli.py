@@ -104,3 +104,18 @@ def test_cli_names_a_missing_generation_config_before_loading(tiny_model_dir, tm
     err = capsys.readouterr().err
     assert err.startswith(f"jaxllm: error: {missing / 'generation_config.json'}: not found: generation_config "
                           "takes 'auto'") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, code, stream, text", [
+    (["generate", "Hello", "--max-tokens", "2", "--max-model-len", "64"], 0, "stderr", "[2 tokens from 1 prompts"),
+    (["generate", "Hello", "--max-model-len", "0"], 2, "stderr", "jaxllm: error: "),
+])
+def test_the_command_exits_with_mains_code_and_its_output_flushed(tiny_model_with_tokenizer, args, code, stream,
+                                                                   text):
+    """run() leaves without the interpreter's teardown: what main printed still arrives, with main's exit code."""
+    result = subprocess.run([sys.executable, "-m", "jaxllm.entrypoints.cli", *args, "--model",
+                             str(tiny_model_with_tokenizer)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == code, result.stderr[-2000:]
+    assert text in getattr(result, stream)
+    if code == 0:
+        assert result.stdout.endswith("\n")  # the generated text's line (a random model's text may be blank)
