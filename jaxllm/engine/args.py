@@ -105,8 +105,8 @@ class EngineArgs:
                                           "terminal, else a log line each)")
     async_scheduling: bool = _arg(True, "dispatch each engine step before the previous one's tokens are back "
                                         "(outputs unchanged)")
-    compilation_cache: bool = _arg(True, "keep compiled programs on disk (persistent XLA compilation cache): "
-                                         "programs built once load in a fraction of the time at the next start")
+    compilation_cache: bool = _arg(True, "keep compiled programs on disk: programs built once load in a fraction "
+                                         "of the time at the next start")
     compilation_cache_dir: str | None = _arg(None, "where the compilation cache lives (unset: $JAXLLM_CACHE_DIR/xla, "
                                                    "~/.cache/jaxllm/xla); one subdirectory per jax, jaxllm and "
                                                    "CPU, so another version's programs are never loaded")
@@ -180,8 +180,8 @@ class EngineArgs:
         return distributed.process_group(self.num_processes, self.process_id, self.coordinator_address)
 
     def enable_compilation_cache(self) -> None:
-        if self.compilation_cache:
-            compilation_cache.enable(compilation_cache.cache_directory(self.compilation_cache_dir))
+        compilation_cache.use(compilation_cache.cache_directory(self.compilation_cache_dir)
+                              if self.compilation_cache else None)
 
     def resolve(self, loaded, agree_on_blocks: Callable[[int], int] | None = None
                 ) -> tuple[SchedulerConfig, CacheConfig]:

@@ -1,11 +1,14 @@
-"""The persistent XLA compilation cache: on by default, one directory per key.
+"""Where the engine keeps its compiled programs between starts: on by default, one directory per key.
 
-JAX keys each program by its HLO, jaxlib's version, the backend, the XLA flags and the compile options. The
-directory adds what that key leaves out: jax's own version, jaxllm's version and a digest of its sources (the
-Python files and the native kernels' C++), and this CPU's feature flags (XLA's CPU code is built for the host).
-A change of any of them starts an empty directory, so no program built by another version is ever loaded; a
-change of engine flags changes the HLO (shapes, dtypes, kernels), hence JAX's key. Only the newest KEEP_KEYS
-directories under a root are kept: each upgrade or source edit would otherwise leave its programs behind.
+The directory's key is what a program depends on beyond the engine's own description of it (program_cache.py):
+jax's and jaxlib's versions, jaxllm's version and a digest of its sources (the Python files and the native
+kernels' C++), and this CPU's feature flags (XLA's CPU code is built for the host). A change of any of them starts
+an empty directory, so no program built by another version is ever loaded. Only the newest KEEP_KEYS directories
+under a root are kept: each upgrade or source edit would otherwise leave its programs behind.
+
+JAX's own persistent cache is not used: it keys a program by its lowered HLO, so a start would trace and lower
+every program before finding it; and an executable it serves cannot be written out again whole (XLA:CPU then
+leaves out its compiled functions), so the engine's cache could not be filled from it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from pathlib import Path
 
 import jax
 import jaxlib
-from jax.experimental.compilation_cache import compilation_cache
 
 import jaxllm
 import pallas_kernels
@@ -55,14 +57,19 @@ def digest_sources(roots: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def enable(directory: Path) -> None:
-    """Cache every program this process builds from now on in `directory` (created; older keys pruned)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    _prune_other_keys(directory)
-    if jax.config.jax_compilation_cache_dir != str(directory):
-        jax.config.update("jax_compilation_cache_dir", str(directory))
-        compilation_cache.reset_cache()  # JAX opens its cache once: a new directory needs a fresh start
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+_directory: list[Path | None] = [None]
+
+
+def use(directory: Path | None) -> None:
+    """Keep the programs built from now on in `directory` (created; older keys pruned); None: keep none."""
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        _prune_other_keys(directory)
+    _directory[0] = directory
+
+
+def directory_in_use() -> Path | None:
+    return _directory[0]
 
 
 def _prune_other_keys(directory: Path) -> None:

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import jax
@@ -35,7 +37,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxllm import progress
+from jaxllm.compile_counter import BACKEND_COMPILE_EVENT
 from jaxllm.config import ModelConfig
+from jaxllm.engine import compilation_cache, program_cache
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
 from jaxllm.model.kernels import Kernels
@@ -49,6 +53,7 @@ from jaxllm.sampling_params import MAX_LOGPROBS
 logger = logging.getLogger(__name__)
 
 PROMPT_LOGPROBS_KEY = ProgramKey("prompt_logprobs")
+_NOT_TRIED = object()  # StepPrograms._compile: the disk was not looked at yet
 WRITE_LOGIT_ROWS_KEY = ProgramKey("write_logit_rows")
 
 
@@ -107,6 +112,9 @@ class StepPrograms:
         self.buckets = buckets
         self.max_blocks_per_seq = max_blocks_per_seq
         mesh = mesh or default_mesh()
+        # what the functions close over, part of each program's identity (a Mesh's repr names no devices)
+        self._closure = (config, kernels, mesh, [(d.id, d.platform, d.device_kind) for d in mesh.devices.flat])
+        self._devices = list(mesh.devices.flat)  # where a program loaded from the disk runs
         self._replicated = NamedSharding(mesh, PartitionSpec())
         vocab = config.vocab_size
         self._jitted = {
@@ -137,19 +145,41 @@ class StepPrograms:
         return program(*args)
 
     def compile_all(self, params, kv) -> None:
-        """Build every program of the bucket set (the warm-up): afterwards no step compiles anything."""
+        """Build every program of the bucket set (the warm-up): afterwards no step compiles anything. Programs
+        kept on the disk load on several threads at once; the others compile one after the other."""
         missing = [key for key in self.buckets.all_programs() if key not in self.compiled]
-        for key in progress.track(missing, "Compiling", "programs", total=len(missing)):  # logs the count and time
-            self._compile(key, self.example_args(key, params, kv))
+        args = {key: self.example_args(key, params, kv) for key in missing}
+        keys = {key: self._disk_key(key, args[key]) for key in missing}
+        directory = compilation_cache.directory_in_use()
+        with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+            loading = {key: pool.submit(program_cache.load, directory, keys[key], self._devices) for key in missing}
+            for key in progress.track(missing, "Compiling", "programs", total=len(missing)):  # logs count and time
+                self._compile(key, args[key], loading[key].result(), keys[key])
 
-    def _compile(self, key: ProgramKey, args):
+    def _disk_key(self, key: ProgramKey, args) -> str:
+        """The program's key in program_cache: its identity (its key, static arguments and closure) and args."""
+        identity = (key, sorted(self.program(key).static.items()), *self._closure)
+        return program_cache.program_key(identity, args)
+
+    def _compile(self, key: ProgramKey, args, loaded=_NOT_TRIED, disk_key: str | None = None):
+        """The program of `key` for args: `loaded` from the disk (None: it was not there), else loaded now
+        (program_cache), else compiled (and kept there)."""
         start = time.perf_counter()
-        program = self.program(key).lower(*args).compile()
+        directory = compilation_cache.directory_in_use()
+        disk_key = disk_key or self._disk_key(key, args)
+        compiled = program_cache.load(directory, disk_key, self._devices) if loaded is _NOT_TRIED else loaded
+        from_disk = compiled is not None
+        if compiled is None:
+            compiled = program_cache.compile_and_store(directory, disk_key,
+                                                       lambda: self.program(key).lower(*args).compile())
         seconds = time.perf_counter() - start
-        self.compiled[key] = program
+        if from_disk:  # counted as JAX counts a program its own cache serves (compile_counter.py)
+            jax.monitoring.record_event_duration_secs(BACKEND_COMPILE_EVENT, seconds, fun_name=key.kind)
+        self.compiled[key] = compiled
         self.compile_seconds += seconds
-        logger.info("built program %d (%s) in %.2f s", len(self.compiled), key, seconds)
-        return program
+        logger.info("built program %d (%s) in %.2f s%s", len(self.compiled), key, seconds,
+                    " (from the disk)" if from_disk else "")
+        return compiled
 
     def example_args(self, key: ProgramKey, params, kv) -> tuple:
         """Arguments of the program's shapes (abstract where they are not the params or the pool; replicated over

@@ -1,41 +1,44 @@
-"""The persistent compilation cache: on by default, keyed by jax, jaxlib, jaxllm (version and sources) and the CPU,
-so that a program built under other key inputs is never loaded, and the same inputs load what was built."""
+"""The directory compiled programs are kept in: on by default, keyed by jax, jaxlib, jaxllm (version and sources)
+and the CPU, so that a program built under other key inputs is never loaded, and the same inputs load what was
+built."""
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import pytest
-from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from jaxllm.engine import compilation_cache
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine
 from jaxllm.sampling_params import SamplingParams
 
-CACHE_HITS_EVENT = "/jax/compilation_cache/cache_hits"
-
-
 @pytest.fixture
-def restore_jax_cache():
-    previous = jax.config.jax_compilation_cache_dir
+def restore_directory():
+    previous = compilation_cache.directory_in_use()
     yield
-    jax.config.update("jax_compilation_cache_dir", previous)
-    jax_cache.reset_cache()
+    compilation_cache.use(previous)
 
 
-class CacheHits:
-    def __init__(self):
-        self.count = 0
+class FromDisk:
+    """The step programs loaded from the disk while active (their log lines)."""
 
-    def _listen(self, event: str, **kwargs) -> None:
-        self.count += event == CACHE_HITS_EVENT
+    def __init__(self, caplog):
+        self.caplog = caplog
 
     def __enter__(self):
-        jax.monitoring.register_event_listener(self._listen)
+        self.caplog.clear()
+        self._level = self.caplog.at_level(logging.INFO, logger="jaxllm.engine.step_programs")
+        self._level.__enter__()
         return self
 
     def __exit__(self, *exc_info):
-        jax.monitoring.unregister_event_listener(self._listen)
+        self._level.__exit__(*exc_info)
+
+    @property
+    def count(self) -> int:
+        return sum(r.getMessage().endswith("(from the disk)") for r in self.caplog.records)
 
 
 def run_engine(model_dir, cache_root) -> None:
@@ -84,7 +87,7 @@ def test_the_default_directory_is_under_the_cache_root(monkeypatch, tmp_path):
     assert directory.parent == tmp_path / "xla" and directory.name == compilation_cache.cache_key()
 
 
-def test_only_the_newest_keys_are_kept(tmp_path, restore_jax_cache):
+def test_only_the_newest_keys_are_kept(tmp_path, restore_directory):
     import os
 
     for age in range(6):
@@ -92,25 +95,25 @@ def test_only_the_newest_keys_are_kept(tmp_path, restore_jax_cache):
         old.mkdir()
         os.utime(old, (1000 - age, 1000 - age))
     (tmp_path / "user-files").mkdir()  # not a key directory: never removed
-    compilation_cache.enable(tmp_path / "jaxllm-current")
+    compilation_cache.use(tmp_path / "jaxllm-current")
     kept = sorted(p.name for p in tmp_path.iterdir())
     newest = [f"jaxllm-old{age}" for age in range(compilation_cache.KEEP_KEYS - 1)]
     assert kept == sorted(["jaxllm-current", "user-files", *newest])
 
 
 @pytest.mark.slow
-def test_programs_load_only_under_the_same_key(tiny_model_dir, tmp_path, monkeypatch, restore_jax_cache):
+def test_programs_load_only_under_the_same_key(tiny_model_dir, tmp_path, monkeypatch, caplog, restore_directory):
     model_dir = tiny_model_dir("llama2")[0]
     run_engine(model_dir, tmp_path)  # builds and writes the programs
     key_dir = compilation_cache.cache_directory(str(tmp_path))
     assert any(key_dir.iterdir())
-    with CacheHits() as same_key:
+    with FromDisk(caplog) as same_key:
         run_engine(model_dir, tmp_path)
     assert same_key.count > 0  # the control: the same key loads them
     monkeypatch.setattr(compilation_cache, "source_digest", lambda: "jaxllm edited")
     compilation_cache.cache_key.cache_clear()
     try:
-        with CacheHits() as other_key:
+        with FromDisk(caplog) as other_key:
             run_engine(model_dir, tmp_path)
         assert other_key.count == 0
         assert compilation_cache.cache_directory(str(tmp_path)) != key_dir
@@ -119,8 +122,8 @@ def test_programs_load_only_under_the_same_key(tiny_model_dir, tmp_path, monkeyp
         compilation_cache.cache_key.cache_clear()
 
 
-def test_no_compilation_cache_leaves_jax_alone(tiny_model_dir, restore_jax_cache):
-    jax.config.update("jax_compilation_cache_dir", None)
+def test_no_compilation_cache_keeps_nothing(tiny_model_dir, restore_directory, tmp_path):
+    compilation_cache.use(tmp_path / "jaxllm-earlier")  # an earlier engine's
     LLMEngine(EngineArgs(model=str(tiny_model_dir("llama2")[0]), max_model_len=64, max_num_seqs=2,
                          skip_tokenizer=True, compilation_cache=False))
-    assert jax.config.jax_compilation_cache_dir is None
+    assert compilation_cache.directory_in_use() is None

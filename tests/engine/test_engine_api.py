@@ -78,20 +78,6 @@ def test_duplicate_request_id_is_refused(tiny_model_dir):
         engine.add_request("a", [1, 2], PARAMS)
 
 
-def test_persistent_compilation_cache_is_written(tiny_model_dir, tmp_path):
-    import jax
-
-    cache = tmp_path / "xla-cache"
-    try:
-        engine = make_engine(tiny_model_dir("llama2")[0], compilation_cache_dir=str(cache))
-        engine.add_request("a", [1, 2, 3], PARAMS)
-        while engine.has_unfinished_requests():
-            engine.step()
-        assert cache.is_dir() and any(cache.iterdir())
-    finally:
-        jax.config.update("jax_compilation_cache_dir", None)
-
-
 def test_lone_surrogate_in_a_text_prompt_is_a_value_error(tiny_model_with_tokenizer):
     engine = LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), max_model_len=128, max_num_seqs=4))
     with pytest.raises(ValueError, match="surrogate"):
