@@ -1,7 +1,7 @@
 """Count the XLA programs a piece of code builds, through jax.monitoring (a public, supported API).
 
 JAX records the event BACKEND_COMPILE_EVENT once for every executable it obtains from XLA: compiled, or loaded
-from the persistent compilation cache. Eager jnp operations outside jit build programs too, so a counter around
+from its persistent cache; the engine records it too for a step program it loads from its own (program_cache). Eager jnp operations outside jit build programs too, so a counter around
 an engine step sees everything the step makes XLA build, not only the runner's own programs.
 
     with CompileCounter() as compiles:
