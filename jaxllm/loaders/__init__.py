@@ -17,6 +17,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.loaders.checkpoint_dtype import auto_dtype
+from jaxllm.model.host_arrays import small_pages
 from jaxllm.loaders.gguf import load_gguf
 from jaxllm.loaders.orbax import load_checkpoint, save_checkpoint
 from jaxllm.loaders.resolve import ModelSource, resolve_model
@@ -51,6 +52,11 @@ def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto",
                     quantization: str | None = None) -> LoadedModel:
     """load_model's first half: the params as numpy arrays on the host, each tensor cast to `dtype` as it is read
     (packed weights keep their own dtypes)."""
+    with small_pages():
+        return _load_host_model(model, dtype, quantization)
+
+
+def _load_host_model(model, dtype: str, quantization: str | None) -> LoadedModel:
     check_quantization_name(quantization)
     source = resolve_model(model)
     if quantization is not None and source.kind != "hf_dir":
