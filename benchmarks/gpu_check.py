@@ -337,6 +337,7 @@ def engine_throughput(profile: Profile, params) -> dict:
     config, max_seqs = profile.goal_model, profile.engine["max_num_seqs"]
     blocks_per_seq = -(-profile.engine["max_model_len"] // BLOCK_SIZE)
     args = EngineArgs(skip_tokenizer=True, attention="pallas", warmup=False, async_scheduling=True,
+                      compilation_cache=False,  # compile times are measured: nothing loaded from an earlier run
                       num_gpu_blocks=1 + 2 * max_seqs * blocks_per_seq, **profile.engine)
     start = time.perf_counter()
     engine = LLMEngine(args, loaded=LoadedModel(config, params, source=None))
@@ -384,8 +385,8 @@ class ProgramLog(logging.Handler):
         self._logger = logging.getLogger(self.LOGGER)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("built program") and len(record.args) == 3:
-            _, key, seconds = record.args
+        if record.msg.startswith("built program") and len(record.args) >= 3:
+            _, key, seconds = record.args[:3]
             self.seconds[str(key)] = float(seconds)
             log(f"  engine built {key} in {seconds:.1f} s")
 
