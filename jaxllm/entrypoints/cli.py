@@ -176,12 +176,20 @@ def _quantize(args) -> int:
 def run() -> None:
     """The `jaxllm` command: main(), its output flushed, then out without the interpreter's teardown of JAX's
     runtime (half a second after a one-prompt `generate`, doing nothing a finished command needs; a chat template
-    child process ends on its own when its pipe closes)."""
+    child process ends on its own when its pipe closes). A process of a group (several processes serving one
+    model) exits normally: JAX's exit-time shutdown is the group's handshake, which the others wait for."""
     code = main()
+    if _in_a_process_group():
+        sys.exit(code)
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
-    os._exit(code)
+    os._exit(0 if code is None else code)
+
+
+def _in_a_process_group() -> bool:
+    jax = sys.modules.get("jax")  # not imported: no group was joined
+    return jax is not None and jax.distributed.is_initialized()
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ class ServerProcess:
         raise RuntimeError(f"the server did not become healthy in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stop() closes it
+            self._log.flush()
         return self.log_path.read_text()[-4000:]
 
     def stop(self, timeout: float = 30) -> int:
