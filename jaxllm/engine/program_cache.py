@@ -1,8 +1,8 @@
 """The engine's compiled step programs kept on disk whole, so that a later start skips tracing and lowering too.
 
-JAX's persistent cache (compilation_cache.py) keys a program by its lowered HLO, so even a cached start traces
-and lowers every program first: about a tenth of a second each on these machines, a third of a cached start.
-Here a program is found by what determines it instead, before any tracing:
+JAX's own persistent cache keys a program by its lowered HLO, so even a cached start traces and lowers every
+program first: about a tenth of a second each on these machines, a third of a cached start. Here a program is
+found by what determines it instead, before any tracing:
 
 - the directory: jax, jaxlib and jaxllm's version and sources, and the CPU (compilation_cache.cache_directory);
 - what the program's function closes over (StepPrograms: the model config, the kernels, the mesh) and its key;
@@ -10,8 +10,8 @@ Here a program is found by what determines it instead, before any tracing:
 - the XLA flags, jax's x64 and matmul-precision settings, and the backend's platform version.
 
 A program found is loaded (jax.experimental.serialize_executable; the warm-up loads several at once); one not
-found, or that fails to load, is compiled and written. Several processes of one
-mesh compile each for themselves: the cache is used only where there is one process.
+found, or that fails to load, is compiled and written. Several processes of one mesh compile each for
+themselves: the cache is used only where there is one process.
 """
 
 from __future__ import annotations
