@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxllm.benchmarks.datasets import dataset_name_arg, random_requests
 from jaxllm.benchmarks.model_presets import MODEL_PRESETS, model_preset
+from jaxllm.compile_counter import CompileCounter
 from jaxllm.engine.arg_utils import add_engine_args
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine
@@ -35,14 +36,6 @@ from jaxllm.model.params import param_bytes, random_params
 from jaxllm.sampling_params import SamplingParams
 
 DATASETS = ("random",)
-_compile_events: list[float] = []  # seconds of every XLA backend compile in this process
-
-
-def _on_event(event: str, secs: float, **_) -> None:
-    if "backend_compile" in event:
-        _compile_events.append(secs)
-
-
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The benchmark's flags (vLLM's names), then every EngineArgs field (--model, --seed, --dtype, ...)."""
     parser.add_argument("--dataset-name", type=dataset_name_arg(DATASETS), default="random",
@@ -107,20 +100,16 @@ def same_lengths(requests, vocab_size: int, seed: int) -> list[tuple[list[int], 
 
 def benchmark(args: argparse.Namespace) -> tuple[dict, LLMEngine]:
     """Load, warm up, time: (the results, vLLM's keys among them; the engine)."""
-    jax.monitoring.register_event_duration_secs_listener(_on_event)
-    try:
+    with CompileCounter() as counter:  # every program XLA builds in this process meanwhile
         engine, load_s = build_engine(args)
         vocab = engine.model_config.vocab_size
         requests = random_requests(args.num_prompts, args.input_len, args.output_len, args.random_range_ratio,
                                    vocab, args.seed)
-        loaded_at = len(_compile_events)
+        loaded_at = counter.count
         warmup_s, _ = run(engine, same_lengths(requests, vocab, args.seed + 1), "warmup-")
-        programs, warmed_at = engine.runner.num_compiled_programs, len(_compile_events)
+        programs, warmed_at = engine.runner.num_compiled_programs, counter.count
         elapsed, output_tokens = run(engine, requests, "")
-        compiles = list(_compile_events)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(_on_event)
-        _compile_events.clear()
+    compiles = [seconds for _, seconds in counter.events]
     prompt_tokens = sum(len(p) for p, _ in requests)
     return {
         "num_requests": len(requests), "total_prompt_tokens": prompt_tokens, "total_output_tokens": output_tokens,
