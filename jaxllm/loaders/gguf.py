@@ -6,6 +6,7 @@ k-quant types need the `gguf` package (imported then; without it, MissingDepende
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Iterator
@@ -38,9 +39,17 @@ EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "token
 
 
 def open_gguf(path: Path) -> GGUFFile:
-    """The file's header (memory-mapped); ModelLoadError naming the file when it is missing, short or corrupt."""
+    """The file's header (memory-mapped); ModelLoadError naming the file when it is missing, short or corrupt.
+    A start reads it three times (generation config, weights, tokenizer): the last one opened is reused while
+    the file is unchanged."""
     if not path.is_file():
         raise ModelLoadError(path, "GGUF file not found")
+    stat = path.stat()
+    return _open(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _open(path: Path, size: int, mtime_ns: int) -> GGUFFile:  # size and time: a changed file is read again
     try:
         return GGUFFile(path)
     except (ValueError, OSError) as e:
