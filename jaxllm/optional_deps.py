@@ -13,6 +13,7 @@ from types import ModuleType
 # the features, as the errors name them
 GGUF = "decoding a GGUF k-quant tensor (Q4_K, Q6_K)"  # gguf: loaders/gguf_dequant.py
 SERVER = "the OpenAI-compatible server (jaxllm serve)"  # fastapi (with starlette), uvicorn: entrypoints/openai
+STRUCTURED_OUTPUTS = "structured outputs (JSON schema, regex, choice, grammar)"  # xgrammar: structured_outputs/
 
 
 class MissingDependencyError(ImportError):

@@ -1,6 +1,7 @@
 """Batched sampling with per-row parameters: one pure, jittable function of (logits, SamplingBatch).
 
 Order, as vLLM v1:
+  0. rows with a token bitmask (structured outputs): -inf on the tokens their grammar does not allow now;
   1. logprobs from the raw logits (log-softmax of the model output), if any row asked for them;
   2. adjustments (when the batch carries a LogitState), read from each row's slot: logit_bias, bad_words and
      min_tokens (-inf), then the repetition, frequency and presence penalties;
@@ -59,6 +60,9 @@ class SamplerOutput:
 def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
     """logits [R, V] float32 -> one token per row (see the module docstring for the order of operations)."""
     logits = logits.astype(jnp.float32)
+    if batch.token_bitmask is not None:
+        logits = lax.cond(batch.has_bitmask, lambda: apply_token_bitmask(logits, batch.token_bitmask),
+                          lambda: logits)
     adjusted = logits  # [R, V]
     if batch.state is not None:
         adjusted = lax.cond(batch.has_adjustments, lambda: apply_adjustments(logits, batch, batch.state),
@@ -77,6 +81,14 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
         return SamplerOutput(tokens, chosen, ranks, top_ids, top_logprobs)
 
     return lax.cond(batch.wants_logprobs, with_logprobs, lambda: _no_logprobs(tokens, num_top))
+
+
+def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
+    """-inf where a row's bitmask does not allow the token. logits [R, V]; bitmask [R, ceil(V / 32)] int32, bit
+    t % 32 of word t // 32 set where token t is allowed. -> [R, V]."""
+    bits = (bitmask[:, :, None] >> jnp.arange(32, dtype=bitmask.dtype)) & 1  # [R, W, 32]
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :logits.shape[1]] != 0  # [R, V]
+    return jnp.where(allowed, logits, -jnp.inf)
 
 
 def apply_adjustments(logits: jax.Array, batch: SamplingBatch, state: LogitState) -> jax.Array:

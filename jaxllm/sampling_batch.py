@@ -16,6 +16,10 @@ Per row (S = the step's sampler bucket; padded rows sample greedily with no adju
     masks_stop_ids       [S]     bool     output < min_tokens: the slot's STOP_ID tokens get -inf
     wants_logprobs       []      bool     some row needs logprobs (asked for, or best_of ranks its samples by them)
     has_adjustments      []      bool     some row has logit adjustments now (the sampler then applies them)
+    has_bitmask          []      bool     token_bitmask restricts some row (structured outputs)
+    token_bitmask        [S, W]  int32    W = ceil(V / 32): bit t % 32 of word t // 32 set where token t may be
+                                          sampled; every bit set in unconstrained rows. None: no row is
+                                          constrained (the engine's runner always passes one)
 
 LogitState holds, per slot, what is O(V) per request; M slots plus a last, neutral one that is never written:
 
@@ -31,11 +35,13 @@ LogitState holds, per slot, what is O(V) per request; M slots plus a last, neutr
 A bad word's last token gets -inf when the tokens sampled just before are the rest of it (vLLM's bad_words), so
 the device, which holds the sampled tokens, decides: `recent_tokens` moves on with each one.
 
+The token bitmask is not state: a grammar's next allowed tokens depend on the token just sampled, which the
+host's matcher reads (structured_outputs/), so each step that samples a constrained row is sent its bitmask.
+
 The engine's runner keeps the state on the device: a request that needs it (bias, a penalty, or min_tokens with
 stop ids) is given a slot whose rows are written once (RowSampling.state_rows, one small program), and the sample
 program counts each sampled token into its row. So nothing O(S x V) crosses the host per step, and no step waits
-for a token's value on the host to penalize it: async scheduling serves every mix. A per-row token mask
-(structured outputs) would join here as another per-slot array.
+for a token's value on the host to penalize it: async scheduling serves every mix.
 
 RowSampling is one request's share, on the host: its scalars, and a count of the tokens dispatched so far (the
 noise counter and min_tokens need only the count, not the values). SamplingTable holds those of many requests as
@@ -115,7 +121,9 @@ class SamplingBatch:
     masks_stop_ids: jax.Array
     wants_logprobs: jax.Array
     has_adjustments: jax.Array
+    has_bitmask: jax.Array
     state: LogitState | None = None  # None: no row has adjustments
+    token_bitmask: jax.Array | None = None  # None: no row is constrained
 
 
 class RowSampling:
@@ -239,7 +247,13 @@ class SamplingTable:
             frequency_penalty=self.frequency_penalty[index], presence_penalty=self.presence_penalty[index],
             masks_stop_ids=masks_stop_ids,
             wants_logprobs=np.asarray(self.wants_logprobs[index].any()),
-            has_adjustments=np.asarray((self.adjusts_always[index] | masks_stop_ids).any()))
+            has_adjustments=np.asarray((self.adjusts_always[index] | masks_stop_ids).any()),
+            has_bitmask=np.asarray(False))
+
+
+def bitmask_width(vocab_size: int) -> int:
+    """Words of a row of the token bitmask (32 tokens each)."""
+    return -(-vocab_size // 32)
 
 
 def pack_sampling_batch(rows: Sequence[RowSampling], num_rows: int, neutral_slot: int) -> SamplingBatch:

@@ -13,6 +13,7 @@ import math
 import numbers
 
 from jaxllm.stop_strings import StopMatcher
+from jaxllm.structured_outputs.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class SamplingParams:
     bad_words: words that may not be generated: a word's last token is banned wherever the output's latest tokens
         are the rest of it (each word tokenized as it is and with a leading space; update_from_tokenizer).
     detokenize: produce output text (stop strings need it).
+    structured_outputs: None, or the constraint the output follows (a JSON schema, a regex, a choice, a grammar:
+        StructuredOutputsParams); enforced by masking the tokens the grammar does not allow at each step.
     """
 
     n: int = 1
@@ -88,6 +91,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     logprob_token_ids: list[int] | None = None
     detokenize: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, (str, list, tuple, type(None))):
@@ -215,6 +219,9 @@ class SamplingParams:
             for token in self.allowed_token_ids:
                 _require_int("allowed_token_ids", token, low=0)
         self._validate_logprob_token_ids()
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or not all(
                 isinstance(w, str) and w.strip() for w in self.bad_words)):
             raise ValueError(f"bad_words must be a list of non-blank strings, got {self.bad_words!r}")

@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# what the lent GPU machines lack: the GGUF reader and the HTTP server's packages
-GPU_MACHINE_MISSING = ("gguf", "fastapi", "uvicorn", "starlette")
+# what the lent GPU machines lack: the GGUF reader, the HTTP server's packages and xgrammar
+GPU_MACHINE_MISSING = ("gguf", "fastapi", "uvicorn", "starlette", "xgrammar")
 
 
 def blocking_prelude(names=GPU_MACHINE_MISSING) -> str:

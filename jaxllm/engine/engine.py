@@ -6,6 +6,9 @@
 
 With async scheduling (the default) step() dispatches step t + 1 before it waits for step t, so the host's
 scheduling and array packing overlap the device's work; step t + 1 reads step t's sampled tokens on the device.
+A step that samples for a constrained request (structured outputs) is dispatched ahead too, but its sampler waits
+until step t's tokens have advanced the grammars: the host then fills the token bitmask (only then is it known)
+and sends the sampler, while the device runs the step's forward.
 A token sampled for a request that step t stopped is dropped, so outputs are those of one step at a time. Every
 mix of requests is scheduled ahead: penalties are counted on the device (the runner's LogitState).
 
@@ -18,11 +21,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import logging
 import time
 from collections import deque
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 
 from jaxllm import progress
 from jaxllm.config import LoRAConfig, ParallelConfig, merge_token_ids
@@ -44,6 +49,10 @@ from jaxllm.model.kernels import select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.structured_outputs.compiler import GrammarCompiler
+from jaxllm.structured_outputs.request_state import RequestGrammar
+
+logger = logging.getLogger(__name__)
 
 PromptType = str | Sequence[int] | dict
 
@@ -95,6 +104,7 @@ class LLMEngine:
         self._rng_streams = itertools.count()
         self.async_scheduling = args.async_scheduling
         self._inflight: deque[tuple[SchedulerOutput, InflightStep]] = deque()  # dispatched, not yet fetched
+        self._grammars: GrammarCompiler | None = None  # made for the first constrained request
         if args.warmup:
             self.runner.warmup()
 
@@ -124,12 +134,14 @@ class LLMEngine:
             params = copy.copy(params)  # the caller's params may serve engines with other tokenizers
             params.update_from_tokenizer(self.tokenizer)
         params.validate_for_vocab(self.model_config.vocab_size)
+        compiled = self._compile_grammar(params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         num_sequences = params.num_sequences  # best_of when it exceeds n: the n best are returned
         children = [Request(request_id if num_sequences == 1 else f"{i}_{request_id}", token_ids,
                             self._child_params(params, i), arrival_time=arrival, priority=priority,
                             eos_token_ids=self.eos_token_ids, sample_index=i, ranked=params.ranks_sequences,
-                            rng_stream=next(self._rng_streams), lora_int_id=lora_int_id)
+                            rng_stream=next(self._rng_streams), lora_int_id=lora_int_id,
+                            grammar=None if compiled is None else RequestGrammar(compiled))
                     for i in range(num_sequences)]
         for child in children[1:]:
             child.wait_for = children[0]  # siblings reuse the first one's prompt blocks via the prefix cache
@@ -144,6 +156,16 @@ class LLMEngine:
                 self.scheduler.abort(child.request_id)
             self.processor.forget(request_id)
             raise
+
+    def _compile_grammar(self, params: SamplingParams):
+        """None, or the Future of the request's compiled grammar (ValueError at once for a bad constraint)."""
+        if params.structured_outputs is None:
+            return None
+        if self.parallel_config.num_processes > 1:
+            raise ValueError("structured_outputs are not supported with several processes yet")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return self._grammars.submit(params.structured_outputs)
 
     # ------------------------------------------------------------------ LoRA adapters
     def add_lora(self, lora_request: LoRARequest) -> None:
@@ -199,29 +221,56 @@ class LLMEngine:
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
         self._dispatch()
+        failed = self._grammar_failures()
         if not self._inflight:
-            if self.scheduler.has_unfinished_requests():
+            if self.scheduler.has_unfinished_requests() and not failed:
+                if any(r.grammar is not None and not r.grammar.ready for r in self.scheduler.waiting):
+                    time.sleep(0.001)  # grammars still compiling, nothing else to run
+                    return []
                 raise RuntimeError("the scheduler could not schedule any request although some are unfinished")
-            return []
+            return failed
+        if self._inflight[0][1].awaits_bitmask:  # the oldest step: every earlier token has reached the grammars
+            self._sample_constrained(*self._inflight[0])
+            self._dispatch()  # the next step can go ahead now
         out, inflight = self._inflight.popleft()
         outputs = self._process(out, self.runner.fetch(inflight))
         if self._lora_removals:
             self._drop_removed_loras()
-        return outputs
+        return failed + outputs
 
     def _dispatch(self) -> None:
-        """Send steps to the device: one when none is in flight, and one more ahead under async scheduling."""
+        """Send steps to the device: one when none is in flight, and one more ahead under async scheduling (not
+        past a step whose sampler waits for its bitmask: the next forward reads that step's tokens)."""
         depth = 2 if self.async_scheduling else 1
-        while len(self._inflight) < depth:
+        while len(self._inflight) < depth and not (self._inflight and self._inflight[-1][1].awaits_bitmask):
             out = self.scheduler.schedule()
             if not out.chunks:
                 self.runner.forget(out.finished_request_ids)
                 return
             now = time.monotonic()
+            constrained = False
             for chunk, request in zip(out.chunks, self.scheduler.scheduled_requests(out)):
                 if chunk.new is not None:  # the first time it runs, or again after preemption
                     self.processor.mark_scheduled(request, now)
-            self._inflight.append((out, self.runner.dispatch(out)))
+                constrained |= chunk.samples and request.grammar is not None
+            self._inflight.append((out, self.runner.dispatch(out, defer_sample=constrained)))
+
+    def _sample_constrained(self, out: SchedulerOutput, inflight: InflightStep) -> None:
+        """Fill the step's token bitmask from its requests' grammars and send its sampler."""
+        sampled = [r for c, r in zip(out.chunks, self.scheduler.scheduled_requests(out)) if c.samples]
+        bitmask = np.full((len(sampled), self.runner.bitmask_width), -1, np.int32)  # [N, W]
+        for row, request in enumerate(sampled):
+            if request.grammar is not None and not request.status.finished:
+                request.grammar.fill(bitmask, row)
+        self.runner.sample(inflight, bitmask)
+
+    def _grammar_failures(self) -> list[RequestOutput]:
+        """Outputs (finish_reason "abort") of requests whose grammar could not be compiled."""
+        failed, self.scheduler.failed = self.scheduler.failed, []
+        for request in failed:
+            logger.error("request %s: its grammar could not be compiled: %s", request.request_id,
+                         request.grammar.error)
+        return self.processor.outputs_for(failed)
 
     def _process(self, out: SchedulerOutput, results: StepResults) -> list[RequestOutput]:
         requests = self.scheduler.scheduled_requests(out)

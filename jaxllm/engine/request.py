@@ -7,6 +7,7 @@ import enum
 import time
 
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.structured_outputs.request_state import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -51,6 +52,7 @@ class Request:
     wait_for: "Request | None" = None  # a sibling whose prompt must be computed first (n > 1 prefix sharing)
     first_token_time: float | None = None
     length_limit: int = 0  # max_total_tokens under the scheduler's max_model_len (set when it is added)
+    grammar: RequestGrammar | None = None  # structured outputs: the grammar its output follows
 
     def __post_init__(self):
         self._all_token_ids = self.prompt_token_ids + self.output_token_ids

@@ -8,6 +8,9 @@
         -> sampler program over the sampled rows' logits, reading and counting into the LogitState (donated);
            prompt-logprob program over the prompt rows
         returns an InflightStep at once: nothing waits for the device
+    dispatch(SchedulerOutput, defer_sample=True): the same, but the sampler waits for sample(step, bitmask):
+        the token bitmask of constrained rows (structured outputs) is known only once the host has the previous
+        step's tokens, so the forward goes ahead and only the sampling waits
     fetch(InflightStep): the step's one device-to-host copy -> StepResults (tokens, logprobs where asked for)
 
 Between the two the engine may dispatch the next step (async scheduling): its pending tokens are read by the
@@ -34,7 +37,7 @@ from jaxllm.model.tensor_parallel import default_mesh, init_kv_cache
 from jaxllm.model.kernels import Kernels, select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
-from jaxllm.sampling_batch import empty_logit_state
+from jaxllm.sampling_batch import bitmask_width, empty_logit_state
 
 
 @dataclasses.dataclass
@@ -67,6 +70,11 @@ class InflightStep:
     inputs: StepInputs
     sampled: object | None  # SamplerOutput of device arrays, or None when no chunk sampled
     prompt_out: list[tuple]  # per PROMPT_ROWS rows: (logprob, rank, top ids, top logprobs), device arrays
+    hidden: object | None = None  # the forward's hidden rows while the sampler waits for its bitmask
+
+    @property
+    def awaits_bitmask(self) -> bool:
+        return self.hidden is not None
 
 
 class ModelRunner:
@@ -97,6 +105,9 @@ class ModelRunner:
         self.logit_state = jax.device_put(empty_logit_state(self.inputs.num_logit_slots, self.config.vocab_size),
                                           replicated)
         self._next_tokens = jax.device_put(np.zeros(self.buckets.num_sample_rows, np.int32))  # last step's samples
+        self.bitmask_width = bitmask_width(self.config.vocab_size)
+        self._all_allowed: dict[int, jax.Array] = {}  # [S, W] every bit set, per sampler bucket, on the device
+        self._awaiting: InflightStep | None = None  # the step whose sampler waits for its bitmask
         self.token_counts = TokenCounts()
 
     @property
@@ -119,7 +130,11 @@ class ModelRunner:
         """Drop what is kept for requests that ended (dispatch does this for the ids a schedule reports)."""
         self.inputs.forget(request_ids)
 
-    def dispatch(self, out: SchedulerOutput) -> InflightStep:
+    def dispatch(self, out: SchedulerOutput, defer_sample: bool = False) -> InflightStep:
+        """Send the step to the device; with defer_sample its sampler waits for sample(step, bitmask)."""
+        if self._awaiting is not None:
+            raise RuntimeError("a step was dispatched while the previous one waits for its token bitmask: its "
+                               "forward would read tokens not sampled yet")
         self._load_adapters(out.lora_loads)
         inputs = self.inputs.prepare(out)
         for slot, rows in inputs.logit_writes:
@@ -127,17 +142,45 @@ class ModelRunner:
         self.token_counts.add(out.num_tokens, inputs.forward_key.size)
         hidden, self.kv = self.programs.run(inputs.forward_key, self.params, self.kv, inputs.batch,
                                             self._next_tokens, inputs.prev_rows, self.lora_slots)
-        sampled = None
-        if inputs.sample_key is not None:
-            sampled, self._next_tokens, self.logit_state = self.programs.run(
-                inputs.sample_key, self.params, hidden, inputs.sampling, self.logit_state)
-        prompt_out = []
+        step = InflightStep(inputs, None, [])
+        if inputs.sample_key is not None and defer_sample:
+            step.hidden = hidden
+        elif inputs.sample_key is not None:
+            self._sample(step, hidden, None)
         for first in range(0, len(inputs.prompt_targets), PROMPT_ROWS):
-            prompt_out.append(self.programs.run(PROMPT_LOGPROBS_KEY, self.params, hidden,
+            step.prompt_out.append(self.programs.run(PROMPT_LOGPROBS_KEY, self.params, hidden,
                                                 np.int32(self.buckets.num_sample_rows + first),
                                                 inputs.prompt_targets[first:first + PROMPT_ROWS]))
         self.inputs.commit(inputs)
-        return InflightStep(inputs, sampled, prompt_out)
+        self._awaiting = step if defer_sample and step.hidden is not None else None
+        return step
+
+    def sample(self, step: InflightStep, bitmask: np.ndarray) -> None:
+        """Dispatch the sampler of a step that waits for its bitmask [N, W] int32 (N: the step's sampled rows, in
+        order; every bit set in unconstrained rows)."""
+        if step is not self._awaiting:
+            raise RuntimeError("sample() is for the dispatched step that waits for its token bitmask")
+        num_rows = step.inputs.sample_key.size
+        padded = np.full((num_rows, self.bitmask_width), -1, np.int32)  # [S, W]
+        padded[:len(bitmask)] = bitmask
+        hidden, step.hidden, self._awaiting = step.hidden, None, None
+        self._sample(step, hidden, padded)
+
+    def _sample(self, step: InflightStep, hidden, bitmask: np.ndarray | None) -> None:
+        inputs = step.inputs
+        constrained = bitmask is not None
+        if not constrained:
+            bitmask = self._all_allowed_rows(inputs.sample_key.size)
+        sampling = inputs.sampling.replace(token_bitmask=bitmask, has_bitmask=np.asarray(constrained))
+        step.sampled, self._next_tokens, self.logit_state = self.programs.run(
+            inputs.sample_key, self.params, hidden, sampling, self.logit_state)
+
+    def _all_allowed_rows(self, num_rows: int) -> jax.Array:
+        """[S, W] every bit set, kept on the device (a plain step sends no bitmask)."""
+        if num_rows not in self._all_allowed:
+            self._all_allowed[num_rows] = jax.device_put(np.full((num_rows, self.bitmask_width), -1, np.int32),
+                                                         NamedSharding(self.mesh, PartitionSpec()))
+        return self._all_allowed[num_rows]
 
     def _load_adapters(self, loads: list[tuple[int, int]]) -> None:
         """Write each (slot, lora id) the scheduler assigned into its device slot, before the step reads it (lora
@@ -154,6 +197,8 @@ class ModelRunner:
 
     def fetch(self, step: InflightStep) -> StepResults:
         """Wait for the step; the sampled tokens join the runner's copies of their requests."""
+        if step.awaits_bitmask:
+            raise RuntimeError("the step's sampler waits for its token bitmask (sample(step, bitmask) first)")
         inputs = step.inputs
         wants_logprobs = inputs.sampling is not None and bool(inputs.sampling.wants_logprobs)
         sampled = step.sampled if wants_logprobs else (step.sampled.sampled_token_ids if step.sampled else None)

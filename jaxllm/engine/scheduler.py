@@ -2,7 +2,8 @@
 its num_tokens within a token budget (max_num_batched_tokens) and a sequence budget (max_num_seqs).
 
     step:  running requests first (decodes and unfinished prefill chunks), in order
-           -> then waiting requests (FCFS, or by priority), prefix-cache hits first, long prompts chunked
+           -> then waiting requests (FCFS, or by priority), prefix-cache hits first, long prompts chunked; a
+              request whose grammar (structured outputs) is still compiling waits, and those behind it go first
            -> when the pool runs dry, the lowest-ranked running request is preempted: its blocks are freed and it
               goes back to the front of the waiting queue, to be recomputed (its output so far is kept)
 
@@ -23,6 +24,7 @@ keeps its pending token (update appends it while it waits) and is not admitted a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import deque
 
@@ -31,6 +33,8 @@ from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.request import Request, RequestStatus
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +97,7 @@ class Scheduler:
         self.num_preemptions = 0  # totals, for the server's metrics
         self.num_prompt_tokens_computed = 0  # prompt positions scheduled for computation (cached ones are not)
         self.num_waiting_for_lora = 0  # waiting requests the last schedule passed over for want of an adapter slot
+        self.failed: list[Request] = []  # ended because their grammar could not be compiled (the engine reports)
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -222,6 +227,13 @@ class Scheduler:
             if request.num_pending:  # preempted with a token still on its way: readmit once it is known
                 skipped.append(request)
                 continue
+            if request.grammar is not None and not request.grammar.ready:
+                skipped.append(request)  # its grammar is being compiled
+                continue
+            if request.grammar is not None and request.grammar.error is not None:
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
+                self.failed.append(request)
+                continue
             if self.lora is not None and self.lora.acquire(request.lora_int_id, busy) is None:
                 skipped.append(request)  # every adapter slot is in use by running requests
                 waiting_for_lora += 1
@@ -296,6 +308,12 @@ class Scheduler:
                 request.append_output(sampled[chunk.request_id])
                 if request.first_token_time is None:
                     request.first_token_time = time.monotonic()
+                if request.grammar is not None and not request.grammar.accept(request.output_token_ids[-1]):
+                    logger.error("request %s: token %d was sampled where its grammar does not allow it: aborted",
+                                 request.request_id, request.output_token_ids[-1])
+                    self.finish(request, RequestStatus.FINISHED_ABORTED)
+                    finished.append(request)
+                    continue
             if request.status is RequestStatus.RUNNING:
                 self.kv_cache.cache_computed_blocks(request)
             if not chunk.samples:
@@ -315,6 +333,8 @@ class Scheduler:
                 return RequestStatus.FINISHED_STOPPED, None
             if params.stop_token_ids and token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token
+        if request.grammar is not None and request.grammar.is_terminated:  # the grammar is complete
+            return RequestStatus.FINISHED_STOPPED, None
         if request.num_tokens >= request.length_limit:
             return RequestStatus.FINISHED_LENGTH, None
         return None, None

@@ -8,6 +8,8 @@
         mixes is data: the program is the same.
     sample(params, hidden, sampling, state) -> (SamplerOutput [S], next_tokens [S_max], state)    state donated
         logits [S, V] = LM head of hidden[:S], on the device only; next_tokens is the prev_tokens of the next step.
+        sampling.token_bitmask [S, ceil(V / 32)]: the tokens each row may take (structured outputs; all bits set
+        in plain rows), so one program serves every mix of constrained and plain rows.
         state: the LogitState of the runner's slots (sampling_batch.py), read for the rows' adjustments; each
         sampled token is counted into its row's slot.
     write_logit_rows(state, slot, rows) -> state    state donated
@@ -46,7 +48,7 @@ from jaxllm.model.kernels import Kernels
 from jaxllm.model.tensor_parallel import default_mesh
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import count_sampled, sample, token_logprobs
-from jaxllm.sampling_batch import LogitState, SamplingBatch, logit_row_shapes, logit_state_shapes, \
+from jaxllm.sampling_batch import LogitState, SamplingBatch, bitmask_width, logit_row_shapes, logit_state_shapes, \
     pack_sampling_batch
 from jaxllm.sampling_params import MAX_LOGPROBS
 
@@ -206,7 +208,8 @@ class StepPrograms:
                     _abstract((self.buckets.num_sample_rows,), jnp.int32), _abstract((num_tokens,), jnp.int32),
                     self.lora_slots)
         if key.kind == "sample":
-            return params, hidden, abstract_sampling_batch(key.size), self.abstract_logit_state()
+            return (params, hidden, abstract_sampling_batch(key.size, self.config.vocab_size),
+                    self.abstract_logit_state())
         return params, hidden, _abstract((), jnp.int32), _abstract((PROMPT_ROWS,), jnp.int32)
 
     def abstract_logit_state(self) -> LogitState:
@@ -222,10 +225,12 @@ class StepPrograms:
                          lora_slots=None if self.lora_slots is None else tokens, decode_only=decode_only)
 
 
-def abstract_sampling_batch(num_rows: int) -> SamplingBatch:
+def abstract_sampling_batch(num_rows: int, vocab_size: int) -> SamplingBatch:
     """The sampler program's per-row input (its LogitState is an argument of its own): the shapes and dtypes
-    pack_sampling_batch makes, so the two cannot drift apart."""
-    return jax.tree.map(lambda a: _abstract(a.shape, a.dtype), pack_sampling_batch([], num_rows, neutral_slot=0))
+    pack_sampling_batch makes, so the two cannot drift apart, and the token bitmask the runner adds."""
+    packed = pack_sampling_batch([], num_rows, neutral_slot=0)
+    packed = packed.replace(token_bitmask=np.zeros((num_rows, bitmask_width(vocab_size)), np.int32))
+    return jax.tree.map(lambda a: _abstract(a.shape, a.dtype), packed)
 
 
 def _abstract(shape, dtype) -> jax.ShapeDtypeStruct:

@@ -127,7 +127,8 @@ def _check_shapes(step_inputs, programs: StepPrograms, program_set) -> None:
         assert step_inputs.sample_key in program_set
         key, sampling = step_inputs.sample_key, step_inputs.sampling
         assert sampling.state is None  # the runner's LogitState goes with it
-        _same_shapes(sampling, abstract_sampling_batch(key.size))
+        _same_shapes(sampling, abstract_sampling_batch(key.size, programs.config.vocab_size).replace(
+            token_bitmask=None))  # the runner adds the bitmask
     for slot, rows in step_inputs.logit_writes:
         assert 0 <= slot < programs.buckets.max_num_seqs
         _same_shapes(rows, programs.example_args(WRITE_LOGIT_ROWS_KEY, None, None)[2])

@@ -12,7 +12,8 @@ VLLM_DEFAULTS = dict(
     n=1, best_of=None, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0, top_p=1.0,
     top_k=0, min_p=0.0, seed=None, stop=[], stop_token_ids=[], ignore_eos=False, max_tokens=16, min_tokens=0,
     logprobs=None, prompt_logprobs=None, skip_special_tokens=True, spaces_between_special_tokens=True,
-    include_stop_str_in_output=False, logit_bias=None, allowed_token_ids=None, bad_words=None, logprob_token_ids=None, detokenize=True)
+    include_stop_str_in_output=False, logit_bias=None, allowed_token_ids=None, bad_words=None, logprob_token_ids=None, detokenize=True,
+    structured_outputs=None)
 
 
 def test_defaults_equal_vllm():

@@ -1,0 +1,122 @@
+"""StructuredOutputsParams: the constraint a request's output must follow (vLLM's class and field names).
+
+Exactly one kind is given:
+
+    json           a JSON schema (dict, or its JSON text); the output is one JSON value valid under it
+    json_object    True: any JSON object
+    regex          the output matches the regular expression, whole
+    choice         the output is one of the strings, exactly
+    grammar        an EBNF grammar (xgrammar's dialect: `root ::= ...`), the output derived from `root`
+    structural_tag xgrammar's structural tag (JSON text): free text with tagged, schema-constrained parts
+
+Options: disable_any_whitespace (JSON without whitespace between tokens), disable_additional_properties (objects
+of the schema take no properties beyond those it names; xgrammar's strict mode: the default here, as in vLLM's
+xgrammar backend), disable_fallback (accepted: there is one backend and no fallback).
+
+The constraint is parsed by parsed() (kept on the object, so that a server parses it off the engine thread and the
+engine reuses it); a bad schema, regex or grammar raises ValueError naming the field and the parser's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+from jaxllm import optional_deps
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+@dataclasses.dataclass
+class StructuredOutputsParams:
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs: exactly one of {', '.join(KINDS)} must be given, got "
+                             f"{', '.join(given) if given else 'none'}")
+        self._check_types()
+        self._parsed = None  # parsed by parsed(), then kept
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in KINDS if getattr(self, kind) not in (None, False))
+
+    @property
+    def key(self) -> tuple:
+        """What the compiled grammar depends on: the compile cache's key."""
+        value = getattr(self, self.kind)
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        return self.kind, text, self.disable_any_whitespace
+
+    def parsed(self):
+        """The parsed grammar (an xgrammar Grammar): parsed at the first call and kept; ValueError if the
+        constraint is not valid."""
+        if self._parsed is None:
+            self._parsed = _parse(self)
+        return self._parsed
+
+    def _check_types(self) -> None:
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (an object or its JSON text), got "
+                             f"{type(self.json).__name__}")
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, got "
+                             f"{self.choice!r}")
+        if self.json_object not in (None, True, False):
+            raise ValueError(f"structured_outputs.json_object must be true or false, got {self.json_object!r}")
+        if self.whitespace_pattern is not None:
+            raise ValueError("structured_outputs.whitespace_pattern is not supported (the xgrammar backend has no "
+                             "whitespace pattern; disable_any_whitespace removes whitespace)")
+
+
+def _parse(params: StructuredOutputsParams):
+    xgr = optional_deps.require("xgrammar", optional_deps.STRUCTURED_OUTPUTS)
+    kind = params.kind
+    try:
+        if kind == "json":
+            schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+            return xgr.Grammar.from_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+        if kind == "json_object":
+            return xgr.Grammar.builtin_json_grammar()
+        if kind == "regex":
+            return xgr.Grammar.from_regex(params.regex)
+        if kind == "choice":  # JSON string escapes are EBNF string escapes
+            return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c) for c in params.choice))
+        if kind == "grammar":
+            return xgr.Grammar.from_ebnf(params.grammar)
+        return xgr.Grammar.from_structural_tag(params.structural_tag)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ValueError(f"structured_outputs.{kind}: {_parser_message(e)}") from None
+
+
+def _parser_message(error: Exception) -> str:
+    """xgrammar's message without its log prefix ("[12:00:00] /project/cpp/file.cc:94: ")."""
+    text = str(error).strip()
+    return re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", text) or type(error).__name__
+
+
+def from_dict(fields: dict[str, Any]) -> StructuredOutputsParams:
+    """The server's `structured_outputs` field (a JSON object) as params; unknown names are a ValueError."""
+    names = {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ValueError(f"structured_outputs: unknown field {unknown[0]!r} (known: {', '.join(sorted(names))})")
+    return StructuredOutputsParams(**fields)
