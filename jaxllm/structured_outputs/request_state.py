@@ -19,9 +19,6 @@ import numpy as np
 
 from jaxllm import optional_deps
 
-MAX_ROLLBACK_TOKENS = 16  # tokens a matcher can undo
-
-
 class RequestGrammar:
     def __init__(self, compiled: Future):
         self._compiled = compiled
@@ -43,7 +40,7 @@ class RequestGrammar:
     def matcher(self):
         if self._matcher is None:
             xgr = optional_deps.require("xgrammar", optional_deps.STRUCTURED_OUTPUTS)
-            self._matcher = xgr.GrammarMatcher(self._compiled.result(), max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+            self._matcher = xgr.GrammarMatcher(self._compiled.result())  # rollback: any number of tokens
         return self._matcher
 
     @property

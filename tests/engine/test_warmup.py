@@ -1,6 +1,6 @@
-"""After warm-up no workload compiles anything: a randomized workload using every sampling feature, prompts of
-every length up to max_model_len, chunked prefill, prefix-cache hits, preemption, n > 1 and aborts builds zero
-XLA programs (counted through jax.monitoring). The Pallas path compiles per (T, decode-only) only."""
+"""After warm-up no workload compiles anything: a randomized workload using every sampling feature (structured
+outputs included), prompts of every length up to max_model_len, chunked prefill, prefix-cache hits, preemption,
+n > 1 and aborts builds zero XLA programs (counted through jax.monitoring). The Pallas path compiles per (T, decode-only) only."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from jaxllm.compile_counter import CompileCounter
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.structured_outputs import StructuredOutputsParams
 
 MAX_MODEL_LEN = 96
 
 
 def _random_params(rng: np.random.RandomState) -> SamplingParams:
-    kind = rng.randint(8)
+    kind = rng.randint(9)
     common = dict(max_tokens=int(rng.randint(1, 24)), seed=int(rng.randint(100)) if rng.rand() < 0.5 else None)
     if kind == 0:
         return SamplingParams(temperature=0.0, max_tokens=common["max_tokens"], ignore_eos=bool(rng.rand() < 0.5))
@@ -36,7 +37,11 @@ def _random_params(rng: np.random.RandomState) -> SamplingParams:
     if kind == 6:
         return SamplingParams(temperature=0.9, stop=["e", " the"], include_stop_str_in_output=bool(rng.rand() < .5),
                               **common)
-    return SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN, ignore_eos=True)  # runs to the context limit
+    if kind == 7:
+        return SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN, ignore_eos=True)  # to the context limit
+    constraint = [StructuredOutputsParams(choice=["yes", "no"]), StructuredOutputsParams(regex="[a-z]{2,9}"),
+                  StructuredOutputsParams(json={"enum": [1, 2]})][rng.randint(3)]  # structured outputs
+    return SamplingParams(temperature=float(rng.choice([0.0, 0.8])), structured_outputs=constraint, **common)
 
 
 def _random_prompt(rng: np.random.RandomState, shared: list[int]) -> list[int] | str:

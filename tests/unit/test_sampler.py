@@ -397,3 +397,38 @@ def test_one_compiled_program_serves_every_mix():
     for batch, out in zip(batches, outs):
         if batch.state is None:  # the same tokens as without any adjustments
             np.testing.assert_array_equal(out.sampled_token_ids, SAMPLE(logits, batch).sampled_token_ids)
+
+
+def reference_bitmask_allowed(bitmask: np.ndarray, vocab: int) -> np.ndarray:
+    """[R, W] int32 words -> [R, V] bool: token t allowed where bit t % 32 of word t // 32 is set."""
+    words = bitmask.astype(np.int64) & 0xFFFFFFFF
+    return np.array([[(words[r, t // 32] >> (t % 32)) & 1 == 1 for t in range(vocab)] for r in range(len(words))])
+
+
+@pytest.mark.parametrize("vocab", [32, 70, 1000])
+def test_token_bitmask_masks_exactly_the_disallowed_tokens(vocab):
+    """Greedy rows take the best allowed token, sampled rows never take a disallowed one, logprobs are over the
+    allowed tokens (vLLM's order: the bitmask before everything), unconstrained rows (all bits) are unchanged,
+    and a batch whose has_bitmask is False ignores the bitmask."""
+    rng = np.random.RandomState(vocab)
+    width = -(-vocab // 32)
+    num_rows = 6
+    logits = rng.randn(num_rows, vocab).astype(np.float32) * 3
+    bitmask = rng.randint(-2**31, 2**31, size=(num_rows, width), dtype=np.int64).astype(np.int32)
+    bitmask[5] = -1  # an unconstrained row
+    allowed = reference_bitmask_allowed(bitmask, vocab)
+    rows = [row(temperature=0.0, logprobs=3), row(temperature=1.0, seed=1, logprobs=3), row(temperature=0.5),
+            row(temperature=0.0, repetition_penalty=1.5, prompt=range(20)), row(temperature=2.0, top_k=5),
+            row(temperature=0.0, logprobs=3)]
+    batch = build_sampling_batch(rows, num_rows, vocab).replace(token_bitmask=jnp.asarray(bitmask),
+                                                                has_bitmask=np.asarray(True))
+    for _ in range(5):
+        out = jax.tree.map(np.asarray, SAMPLE(jnp.asarray(logits), batch))
+        assert allowed[np.arange(num_rows), out.sampled_token_ids].all()
+        batch = batch.replace(rng_counter=batch.rng_counter + 1)
+    masked = np.where(allowed, logits, -np.inf)
+    assert out.sampled_token_ids[0] == masked[0].argmax() and out.sampled_token_ids[5] == logits[5].argmax()
+    np.testing.assert_allclose(out.sampled_logprobs[0], log_softmax(masked[0])[masked[0].argmax()], rtol=1e-5)
+    unconstrained = jax.tree.map(np.asarray, SAMPLE(jnp.asarray(logits), batch.replace(has_bitmask=np.asarray(False))))
+    reference = run(logits, rows)
+    np.testing.assert_array_equal(unconstrained.sampled_token_ids[[0, 3, 5]], reference.sampled_token_ids[[0, 3, 5]])

@@ -1,0 +1,260 @@
+"""Structured outputs through the engine on a tiny random model with the default model's tokenizer: every
+constrained output is one the grammar accepts, whatever the batching, the scheduling or the rows beside it.
+
+A random model rambles: JSON is asked for without free whitespace (disable_any_whitespace) and with schemas whose
+language is finite, so that each constrained output ends with finish_reason "stop" and can be checked whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import jsonschema
+import numpy as np
+import pytest
+
+from jaxllm.compile_counter import CompileCounter
+from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.engine import LLMEngine
+from jaxllm.llm import LLM
+from jaxllm.sampling_params import SamplingParams
+from jaxllm.structured_outputs import StructuredOutputsParams
+from jaxllm.structured_outputs.compiler import GrammarCompiler
+from tests.blocked_packages import run_blocked
+
+xgr = pytest.importorskip("xgrammar")
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": [1, 2, 3]},
+                                           "color": {"enum": ["red", "green", "blue"]},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+          "required": ["ok", "size", "color", "tags"], "additionalProperties": False}
+CHOICES = ["yes", "no", "perhaps not"]
+REGEX = r"[0-9]{3}-[a-z]{2}"
+EBNF = 'root ::= "(" item ("," item)? ")"\nitem ::= [a-c] | "xyz"'
+EBNF_AS_REGEX = r"\((?:[a-c]|xyz)(?:,(?:[a-c]|xyz))?\)"
+
+
+def constraints() -> dict[str, StructuredOutputsParams]:
+    return {"json": StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
+            "choice": StructuredOutputsParams(choice=CHOICES), "regex": StructuredOutputsParams(regex=REGEX),
+            "grammar": StructuredOutputsParams(grammar=EBNF)}
+
+
+def check_output(kind: str, text: str) -> None:
+    if kind == "json":
+        jsonschema.validate(json.loads(text), SCHEMA)
+    elif kind == "choice":
+        assert text in CHOICES
+    else:
+        assert re.fullmatch(REGEX if kind == "regex" else EBNF_AS_REGEX, text), text
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_with_tokenizer):
+    return str(tiny_model_with_tokenizer)
+
+
+def make_llm(model, **kwargs) -> LLM:
+    return LLM(model, **{**dict(max_model_len=160, block_size=8, max_num_seqs=8, max_num_batched_tokens=64),
+                         **kwargs})
+
+
+def workload(num: int, seed: int = 0):
+    """(prompt, params, kind or None) triples: every constraint kind, greedy and seeded, beside plain rows."""
+    rng = np.random.RandomState(seed)
+    kinds = list(constraints()) + [None]
+    items = []
+    for i in range(num):
+        kind = kinds[i % len(kinds)]
+        so = None if kind is None else constraints()[kind]
+        sampled = dict(temperature=0.9, seed=int(rng.randint(1000))) if i % 2 else dict(temperature=0.0)
+        params = SamplingParams(max_tokens=120 if so else 12, structured_outputs=so, **sampled)
+        items.append((rng.randint(3, 49152, size=int(rng.randint(2, 30))).tolist(), params, kind))
+    return items
+
+
+def run(llm: LLM, items) -> list:
+    outputs = llm.generate([{"prompt_token_ids": p} for p, _, _ in items], [params for _, params, _ in items],
+                           use_tqdm=False)
+    return [o.outputs[0] for o in outputs]
+
+
+@pytest.mark.slow
+def test_every_constrained_output_is_accepted_and_batching_changes_nothing(model):
+    items = workload(20)
+    batched = run(make_llm(model), items)
+    for (_, _, kind), out in zip(items, batched):
+        if kind is not None:
+            assert out.finish_reason == "stop", (kind, out.text)
+            check_output(kind, out.text)
+    sync = run(make_llm(model, async_scheduling=False), items)
+    solo_llm = make_llm(model, max_num_seqs=1)
+    solo = [run(solo_llm, [item])[0] for item in items[:10]]
+    assert [o.token_ids for o in sync] == [o.token_ids for o in batched]
+    assert [o.token_ids for o in solo] == [o.token_ids for o in batched[:10]]
+
+
+@pytest.mark.slow
+def test_plain_rows_beside_constrained_rows_are_unchanged(model):
+    items = workload(15, seed=1)
+    plain = [item for item in items if item[2] is None]
+    llm = make_llm(model)
+    alone = run(llm, plain)
+    beside = [out for (_, _, kind), out in zip(items, run(llm, items)) if kind is None]
+    assert [o.token_ids for o in beside] == [o.token_ids for o in alone]
+
+
+@pytest.mark.slow
+def test_preemption_prefix_caching_and_several_samples(model):
+    """A pool too small for the batch preempts (matchers keep their state); n > 1 and best_of each follow the
+    grammar; a second round meets the first round's blocks in the prefix cache."""
+    llm = make_llm(model, num_gpu_blocks=40, max_num_seqs=6)
+    so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    prompts = [{"prompt_token_ids": list(range(5 + i, 45 + i))} for i in range(6)]
+    params = [SamplingParams(n=3, temperature=1.0, seed=i, max_tokens=120, structured_outputs=so) if i % 2 else
+              SamplingParams(n=2, best_of=3, temperature=0.8, max_tokens=120, structured_outputs=so) for i in range(6)]
+    for _ in range(2):
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        for output in outputs:
+            assert len(output.outputs) in (2, 3)
+            for completion in output.outputs:
+                assert completion.finish_reason == "stop"
+                check_output("json", completion.text)
+    stats = llm.engine.stats()
+    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0
+
+
+@pytest.mark.slow
+def test_tensor_parallel_gives_the_same_constrained_outputs(model):
+    items = [item for item in workload(10, seed=2) if item[2] is not None]
+    one = run(make_llm(model), items)
+    two = run(make_llm(model, tensor_parallel_size=2), items)
+    assert [o.token_ids for o in two] == [o.token_ids for o in one]
+
+
+def test_a_request_waits_for_its_grammar_and_the_engine_does_not(model, monkeypatch):
+    release = threading.Event()
+    original = GrammarCompiler._compile
+    monkeypatch.setattr(GrammarCompiler, "_compile", lambda self, grammar: (release.wait(60),
+                                                                             original(self, grammar))[1])
+    engine = LLMEngine(EngineArgs(model=model, max_model_len=128, block_size=8, max_num_seqs=4))
+    engine.add_request("constrained", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=30,
+                                                                structured_outputs=StructuredOutputsParams(
+                                                                    choice=CHOICES)))
+    engine.add_request("plain", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    finished = {}
+    for _ in range(20):
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert "plain" in finished and "constrained" not in finished
+    assert engine.scheduler.waiting[0].request_id == "constrained"
+    release.set()
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finished["constrained"].outputs[0].text in CHOICES
+
+
+def test_a_grammar_that_fails_to_compile_ends_its_request_only(model, monkeypatch):
+    def fail(self, grammar):
+        raise RuntimeError("out of memory while compiling")
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", fail)
+    engine = LLMEngine(EngineArgs(model=model, max_model_len=128, block_size=8, max_num_seqs=4))
+    so = StructuredOutputsParams(regex="[0-9]+x")
+    engine.add_request("bad", [5, 6], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so))
+    engine.add_request("plain", [5, 6], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finished["bad"].outputs[0].finish_reason == "abort"
+    assert len(finished["plain"].outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(json={"type": "objec"}), r"structured_outputs.json: .*objec"),
+    (dict(json='{"type": "object"'), r"structured_outputs.json: "),
+    (dict(regex="a(b"), r"structured_outputs.regex: .*parenthesis"),
+    (dict(grammar="root ::= foo"), r"structured_outputs.grammar: .*foo"),
+    (dict(json={"type": "string", "pattern": "[a-"}), r"structured_outputs.json: "),
+])
+def test_a_bad_constraint_is_a_value_error_at_add_request(model, fields, message):
+    llm = make_llm(model)
+    with pytest.raises(ValueError, match=message):
+        llm.engine.add_request("x", [5, 6], SamplingParams(structured_outputs=StructuredOutputsParams(**fields)))
+    assert not llm.engine.has_unfinished_requests()
+    out = llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=5, structured_outputs=
+                                                                   StructuredOutputsParams(choice=["ab"])),
+                       use_tqdm=False)
+    assert out[0].outputs[0].text == "ab"
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(), "exactly one of json, json_object, regex, choice, grammar, structural_tag must be given, got none"),
+    (dict(json={}, regex="a"), "exactly one of .* got json, regex"),
+    (dict(choice=[]), "choice must be a non-empty list"),
+    (dict(choice=["a", 3]), "choice must be a non-empty list of non-empty strings"),
+    (dict(regex=""), "regex must be a non-empty string"),
+    (dict(json=5), "json must be a JSON schema"),
+    (dict(json_object=True, whitespace_pattern=r"\s*"), "whitespace_pattern is not supported"),
+])
+def test_constraint_fields_are_checked_on_construction(fields, message):
+    with pytest.raises(ValueError, match=message):
+        StructuredOutputsParams(**fields)
+
+
+def test_structured_outputs_must_be_its_params_class():
+    with pytest.raises(ValueError, match="structured_outputs must be a StructuredOutputsParams, got dict"):
+        SamplingParams(structured_outputs={"json": {}})
+
+
+def test_the_matcher_rolls_back(model):
+    from jaxllm.structured_outputs.request_state import RequestGrammar
+    from jaxllm.tokenizer import load_tokenizer
+    from jaxllm.loaders import resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(model))
+    compiler = GrammarCompiler(tokenizer, 49152, (2,))
+    grammar = RequestGrammar(compiler.submit(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)))
+    width = -(-49152 // 32)
+    masks = np.zeros((3, width), np.int32)
+    grammar.fill(masks, 0)
+    for token in tokenizer.encode('{"ok"', add_special_tokens=False):
+        assert grammar.accept(token)
+    grammar.fill(masks, 1)
+    assert not np.array_equal(masks[0], masks[1])
+    grammar.rollback(grammar.num_accepted)
+    grammar.fill(masks, 2)
+    np.testing.assert_array_equal(masks[2], masks[0])
+    assert not grammar.accept(tokenizer.encode("]", add_special_tokens=False)[0])  # not allowed first
+
+
+def test_the_same_constraint_compiles_once(model):
+    from jaxllm.tokenizer import load_tokenizer
+    from jaxllm.loaders import resolve_model
+
+    compiler = GrammarCompiler(load_tokenizer(resolve_model(model)), 49152, (2,))
+    first = compiler.submit(StructuredOutputsParams(regex="[ab]+"))
+    assert compiler.submit(StructuredOutputsParams(regex="[ab]+")) is first
+    assert compiler.submit(StructuredOutputsParams(regex="[ab]+c")) is not first
+
+
+def test_without_xgrammar_a_constrained_request_names_the_package(model):
+    result = run_blocked(f"""
+from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.engine import LLMEngine
+from jaxllm.sampling_params import SamplingParams
+from jaxllm.structured_outputs import StructuredOutputsParams
+engine = LLMEngine(EngineArgs(model={model!r}, max_model_len=64, block_size=8, max_num_seqs=2))
+try:
+    engine.add_request("x", [5], SamplingParams(structured_outputs=StructuredOutputsParams(regex="a")))
+except ImportError as e:
+    print("ERROR", e)
+engine.add_request("y", [5], SamplingParams(max_tokens=2, ignore_eos=True))
+while engine.has_unfinished_requests():
+    engine.step()
+print("served")
+""", names=("xgrammar",))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR structured outputs (JSON schema, regex, choice, grammar) needs the `xgrammar` package: pip " \
+           "install xgrammar" in result.stdout and "served" in result.stdout
