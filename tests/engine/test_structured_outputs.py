@@ -23,6 +23,7 @@ from jaxllm.sampling_params import SamplingParams
 from jaxllm.structured_outputs import StructuredOutputsParams
 from jaxllm.structured_outputs.compiler import GrammarCompiler
 from tests.blocked_packages import run_blocked
+from tests.lora.conftest import peft_adapter  # noqa: F401 (a fixture)
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -258,3 +259,30 @@ print("served")
     assert result.returncode == 0, result.stderr
     assert "ERROR structured outputs (JSON schema, regex, choice, grammar) needs the `xgrammar` package: pip " \
            "install xgrammar" in result.stdout and "served" in result.stdout
+
+
+@pytest.mark.slow
+def test_constrained_requests_with_lora_adapters(quantizable_model, peft_adapter):
+    """Requests on two adapters and the base model, constrained, batched: each output follows its grammar and
+    equals the same request run alone (the tiny Llama with a byte-level tokenizer)."""
+    from jaxllm.lora import LoRARequest
+
+    model_dir, _ = quantizable_model("llama3")
+    loras = [None] + [LoRARequest(name, i + 1, str(peft_adapter("llama3", name)[0]))
+                      for i, name in enumerate(["a", "b"])]
+    llm = make_llm(str(model_dir), enable_lora=True, max_loras=2, max_lora_rank=8)
+    kinds = ["choice", "regex", "grammar"]
+    items = [([3 + i, 40 + i, 9], SamplingParams(temperature=0.0 if i % 2 else 0.7, seed=i, max_tokens=60,
+                                                structured_outputs=constraints()[kinds[i % 3]]),
+              loras[i % 3], kinds[i % 3]) for i in range(9)]
+
+    def generate(batch):
+        return [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p, _, _, _ in batch],
+                                                   [params for _, params, _, _ in batch], use_tqdm=False,
+                                                   lora_request=[lora for _, _, lora, _ in batch])]
+
+    together = generate(items)
+    for (_, _, _, kind), out in zip(items, together):
+        assert out.finish_reason == "stop"
+        check_output(kind, out.text)
+    assert [o.token_ids for o in together] == [generate([item])[0].token_ids for item in items]
