@@ -41,15 +41,23 @@ class ChatRenderer:
         self._lock = threading.Lock()
 
     def prompt_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                   continue_final_message: bool = False) -> list[int]:
-        """Token ids of `messages` through the chat template, ending with the assistant's turn opened
-        (add_generation_prompt) or the last message left open for the model to continue. ValueError when the
-        model has no template, the messages do not suit it or it runs over a bound; jinja2's TemplateError when
-        the template fails."""
-        if not getattr(self.tokenizer, "chat_template", None):
+                   continue_final_message: bool = False, *, chat_template: str | None = None,
+                   tools: list[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:
+        """Token ids of `messages` through the chat template (the model's, or `chat_template`), ending with the
+        assistant's turn opened (add_generation_prompt) or the last message left open for the model to continue.
+        tools: the OpenAI tools list the template lays out; template_kwargs: values of the template's own
+        variables (chat_templates.template_kwargs). ValueError when there is no template, the messages do not
+        suit it or it runs over a bound; jinja2's TemplateError when the template fails (a sandbox escape
+        included: jinja2's SecurityError)."""
+        if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template; use plain prompts instead")
-        text = self.render(list(messages), dict(add_generation_prompt=add_generation_prompt,
-                                                continue_final_message=continue_final_message))
+        options = dict(template_kwargs or {}, add_generation_prompt=add_generation_prompt,
+                       continue_final_message=continue_final_message)
+        if chat_template is not None:
+            options["chat_template"] = chat_template
+        if tools:
+            options["tools"] = tools
+        text = self.render(list(messages), options)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def render(self, messages: list[dict], options: dict) -> str:

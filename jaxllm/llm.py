@@ -6,6 +6,7 @@ import itertools
 from typing import Sequence
 
 from jaxllm.chat_renderer import ChatRenderer
+from jaxllm.chat_templates import load_chat_template, template_kwargs
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine, PromptType
 from jaxllm.lora.request import LoRARequest
@@ -83,13 +84,23 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a list of them;
-        lora_request as in generate."""
+        lora_request as in generate. chat_template: a template (its text, or a file) instead of the model's;
+        tools: OpenAI tool definitions the template lays out; chat_template_kwargs: values of the template's
+        variables (e.g. enable_thinking); add_generation_prompt / continue_final_message as vLLM's."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if self._renderer is None:
             self._renderer = ChatRenderer(self.get_tokenizer())  # the template runs under a time and memory bound
-        prompts = [{"prompt_token_ids": self._renderer.prompt_ids(c)} for c in conversations]
+        options = dict(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                       chat_template=None if chat_template is None else load_chat_template(chat_template),
+                       tools=tools, template_kwargs=template_kwargs(chat_template_kwargs))
+        prompts = [{"prompt_token_ids": self._renderer.prompt_ids(c, **options)} for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
