@@ -20,6 +20,7 @@ import numpy as np
 from jaxllm.config import CacheConfig, LoRAConfig, ParallelConfig, SchedulerConfig
 from jaxllm.engine import compilation_cache, distributed
 from jaxllm.engine.generation_config import check_override, override_from_json
+from jaxllm.structured_outputs.params import StructuredOutputsConfig, config_from_json
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.model import kernels
@@ -93,6 +94,11 @@ class EngineArgs:
                                                          "replacing or adding to generation_config's, e.g. "
                                                          "'{\"temperature\": 0.5}' (null removes one)",
                                                    parse=override_from_json)
+    structured_outputs_config: dict | None = _arg(None, "JSON object of structured-output settings (vLLM's): "
+                                                        "backend (auto, xgrammar), disable_any_whitespace (JSON "
+                                                        "without free whitespace by default), "
+                                                        "disable_additional_properties, disable_fallback",
+                                                  parse=config_from_json)
     attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, else cpu (the native "
                                           "kernel, built at first use) or reference where it cannot be built",
                           ATTENTION_CHOICES)
@@ -144,6 +150,10 @@ class EngineArgs:
                 raise ValueError(f"{name} must be >= {minimum}, got {value}")
         check_quantization_name(self.quantization)
         self._check_generation_config()
+        try:
+            StructuredOutputsConfig.from_dict(self.structured_outputs_config)
+        except ValueError as e:
+            raise ValueError(f"structured_outputs_config: {e}") from None
         self.process_group()  # num_processes, process_id and coordinator_address (or their variables) agree
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")

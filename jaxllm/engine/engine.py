@@ -50,6 +50,7 @@ from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.structured_outputs.compiler import GrammarCompiler
+from jaxllm.structured_outputs.params import StructuredOutputsConfig
 from jaxllm.structured_outputs.request_state import RequestGrammar
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class LLMEngine:
         self.async_scheduling = args.async_scheduling
         self._inflight: deque[tuple[SchedulerOutput, InflightStep]] = deque()  # dispatched, not yet fetched
         self._grammars: GrammarCompiler | None = None  # made for the first constrained request
+        self.structured_outputs_config = StructuredOutputsConfig.from_dict(args.structured_outputs_config)
         if args.warmup:
             self.runner.warmup()
 
@@ -165,7 +167,7 @@ class LLMEngine:
             raise ValueError("structured_outputs are not supported with several processes yet")
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        return self._grammars.submit(params.structured_outputs)
+        return self._grammars.submit(self.structured_outputs_config.apply(params.structured_outputs))
 
     # ------------------------------------------------------------------ LoRA adapters
     def add_lora(self, lora_request: LoRARequest) -> None:

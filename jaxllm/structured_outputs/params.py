@@ -3,7 +3,7 @@
 Exactly one kind is given:
 
     json           a JSON schema (dict, or its JSON text); the output is one JSON value valid under it
-    json_object    True: any JSON object
+    json_object    True: any JSON object (the schema {"type": "object"}, as vLLM)
     regex          the output matches the regular expression, whole
     choice         the output is one of the strings, exactly
     grammar        an EBNF grammar (xgrammar's dialect: `root ::= ...`), the output derived from `root`
@@ -49,6 +49,7 @@ class StructuredOutputsParams:
                              f"{', '.join(given) if given else 'none'}")
         self._check_types()
         self._parsed = None  # parsed by parsed(), then kept
+        self.source_field = "structured_outputs"  # the request field it came from (a server's errors name it)
 
     @property
     def kind(self) -> str:
@@ -91,11 +92,10 @@ def _parse(params: StructuredOutputsParams):
     xgr = optional_deps.require("xgrammar", optional_deps.STRUCTURED_OUTPUTS)
     kind = params.kind
     try:
-        if kind == "json":
-            schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+        if kind in ("json", "json_object"):  # json_object: any object (not any JSON value)
+            schema = params.json if kind == "json" else {"type": "object"}
+            schema = schema if isinstance(schema, str) else json.dumps(schema)
             return xgr.Grammar.from_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
-        if kind == "json_object":
-            return xgr.Grammar.builtin_json_grammar()
         if kind == "regex":
             return xgr.Grammar.from_regex(params.regex)
         if kind == "choice":  # JSON string escapes are EBNF string escapes
@@ -111,6 +111,53 @@ def _parser_message(error: Exception) -> str:
     """xgrammar's message without its log prefix ("[12:00:00] /project/cpp/file.cc:94: ")."""
     text = str(error).strip()
     return re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", text) or type(error).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """The engine's structured-output settings (vLLM's --structured-outputs-config): backend auto or xgrammar;
+    disable_any_whitespace / disable_additional_properties as every request's default; disable_fallback
+    accepted (one backend, no fallback)."""
+
+    backend: str = "auto"
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    disable_fallback: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "xgrammar"):
+            raise ValueError(f"backend {self.backend!r} is not available: auto or xgrammar")
+        for name in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any] | None) -> "StructuredOutputsConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields or {}) - names)
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(names))})")
+        return cls(**(fields or {}))
+
+    def apply(self, params: StructuredOutputsParams) -> StructuredOutputsParams:
+        """params with this config's defaults (params itself when they change nothing: its parse is kept)."""
+        if self.disable_any_whitespace and not params.disable_any_whitespace:
+            changed = dataclasses.replace(params, disable_any_whitespace=True)
+            changed.source_field = params.source_field
+            return changed
+        return params
+
+
+def config_from_json(text: str) -> dict:
+    """--structured-outputs-config: a JSON object of StructuredOutputsConfig's fields (checked)."""
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not a JSON object: {e}") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"must be a JSON object, got {text!r}")
+    StructuredOutputsConfig.from_dict(fields)
+    return fields
 
 
 def from_dict(fields: dict[str, Any]) -> StructuredOutputsParams:

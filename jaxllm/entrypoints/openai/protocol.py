@@ -9,6 +9,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jaxllm.entrypoints.openai.structured_fields import StructuredOutputFields
 from jaxllm.errors import lone_surrogate, printable
 from jaxllm.sampling_params import SamplingParams
 
@@ -72,8 +73,8 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool = False  # with include_usage: every chunk carries the usage so far
 
 
-class SamplingRequest(RequestModel):
-    """Fields shared by completions and chat completions."""
+class SamplingRequest(RequestModel, StructuredOutputFields):
+    """Fields shared by completions and chat completions (structured outputs: structured_fields.py)."""
 
     model: str | None = None
     max_tokens: int | None = None
@@ -133,6 +134,7 @@ class SamplingRequest(RequestModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
+            structured_outputs=self.structured_outputs_params(),
             **{k: v for k, v in optional.items() if v is not None})
 
     @model_validator(mode="after")

@@ -8,7 +8,8 @@
 
 So a client written for vLLM gets what it asked for or an error naming the field, never a silent 200 that
 dropped it. The lists follow vLLM's CompletionRequest and ChatCompletionRequest (their sampling and extra
-parameters, the structured-output and tool fields), as of vLLM 0.34.
+parameters, the tool fields), as of vLLM 0.34. The structured-output fields are declared
+(structured_fields.py).
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ _NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
     "use_beam_search": (False,), "length_penalty": (1.0,),
     "logits_processors": (None,), "cache_salt": (None,), "kv_transfer_params": (None,),
     "vllm_xargs": (None,), "mm_processor_kwargs": (None,),
-    "response_format": (None, {"type": "text"}), "structured_outputs": (None,), "guided_json": (None,),
-    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "structural_tag": (None,),
-    "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,),
     "watermarking": (None, False), "return_weight_versions": (False,),
     "ec_transfer_params": (None,), "repetition_detection": (None,), "stream_interval": (None, 1),
     "thinking_token_budget": (None,),

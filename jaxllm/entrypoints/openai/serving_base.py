@@ -17,6 +17,7 @@ from jaxllm.entrypoints.openai.errors import OpenAIError, bad_request
 from jaxllm.entrypoints.openai.protocol import PerRequestMetrics, PromptLogprob, SamplingRequest
 from jaxllm.entrypoints.openai.request_fields import unsupported_field
 from jaxllm.entrypoints.openai.serving_models import ServedModels
+from jaxllm.entrypoints.openai.structured_fields import StructuredOutputFields
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
 from jaxllm.lora.manager import AdapterRemovedError
 from jaxllm.lora.request import LoRARequest
@@ -64,6 +65,7 @@ class ServingBase:
         self.max_model_len = engine.engine.scheduler_config.max_model_len
         # what a request's unset sampling fields take: the generation config's (vLLM's default_sampling_params)
         self.sampling_defaults = engine.engine.sampling_defaults
+        self.structured_outputs_config = engine.engine.structured_outputs_config
         self.limits = limits
 
     @property
@@ -126,6 +128,8 @@ class ServingBase:
                 message, field = message.replace("max_tokens", max_tokens_field, 1), max_tokens_field
             raise bad_request(message, field) from None
         self._check_stop_limits(params.stop)
+        if params.structured_outputs is not None:  # the engine's defaults, before the parse
+            params.structured_outputs = self.structured_outputs_config.apply(params.structured_outputs)
         return params
 
     def fit_default_max_tokens(self, params: SamplingParams, prompt_tokens: int) -> SamplingParams:
@@ -168,6 +172,8 @@ class ServingBase:
             raise _as_openai_error(e) from None
         if params.stop:  # the stop strings' automaton, built here rather than on the engine thread
             await self.tokenizers.run(lambda _: params.stop_matcher())
+        if params.structured_outputs is not None:  # parsed here too: the engine reuses the parse
+            await self._parse_constraint(params.structured_outputs)
         if self.options.enable_log_requests:
             logger.info("request %s: prompt tokens %s, adapter %s, priority %d, %s", request_id,
                         [len(p["prompt_token_ids"]) for p in prompts],
@@ -182,6 +188,14 @@ class ServingBase:
                 stream.close()
             raise _as_openai_error(e) from e
         return streams
+
+    async def _parse_constraint(self, constraint) -> None:
+        """A 400 naming the request field when the schema, regex or grammar does not parse (or xgrammar is not
+        installed)."""
+        try:
+            await self.tokenizers.run(lambda _: constraint.parsed())
+        except (ValueError, ImportError) as e:
+            raise bad_request(f"{constraint.source_field}: {e}", constraint.source_field) from None
 
     @staticmethod
     async def collect(outputs: AsyncIterator, consume) -> None:
@@ -216,7 +230,8 @@ def _field_named_in(message: str) -> str | None:
     return head if head in _FIELDS else None
 
 
-_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt", "top_logprobs", "messages", "priority"}
+_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt", "top_logprobs", "messages", "priority"} | \
+    set(StructuredOutputFields.model_fields)
 
 
 def sse(payload: BaseModel | str) -> str:
