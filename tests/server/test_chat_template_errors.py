@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from jaxllm.entrypoints.openai.errors import OpenAIError
-from jaxllm.entrypoints.openai.protocol import ChatMessage
+from jaxllm.entrypoints.openai.protocol import ChatMessage, TokenizeRequest
 from jaxllm.entrypoints.openai.serving_chat import ChatServing
 from jaxllm.entrypoints.openai.tokenization import ServerTokenizer
 from jaxllm.loaders import resolve_model
@@ -29,9 +29,9 @@ def render(tokenizer, template: str | None = None):
     if template is not None:
         tokenizer.chat_template = template
     engine = SimpleNamespace(engine=SimpleNamespace(scheduler_config=SimpleNamespace(max_model_len=64),
-                                                 sampling_defaults={}))
+                                                 sampling_defaults={}, structured_outputs_config=None))
     serving = ChatServing(engine, ["tiny"], ServerTokenizer(tokenizer))
-    return asyncio.run(serving.render(MESSAGES))
+    return asyncio.run(serving.render(TokenizeRequest(messages=MESSAGES)))
 
 
 @pytest.mark.parametrize("template, error", [

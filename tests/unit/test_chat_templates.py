@@ -94,3 +94,17 @@ def test_llm_chat_takes_the_template_options(tiny_model_with_tokenizer):
     assert output.prompt_token_ids == expected
     with pytest.raises(ValueError, match="may not set tokenize"):
         llm.chat(HI, params, chat_template_kwargs={"tokenize": True})
+
+
+@pytest.mark.parametrize("payload", ESCAPES)
+def test_sandbox_escapes_in_the_models_own_template_are_template_errors(renderer, payload):
+    """The model's template (tokenizer_config.json's chat_template) renders in the same sandbox."""
+    import copy
+
+    hostile = ChatRenderer(copy.deepcopy(renderer.tokenizer))
+    hostile.tokenizer.chat_template = payload
+    try:
+        with pytest.raises(TemplateError, match="(?i)security|unsafe|not safe|immutable|access"):
+            hostile.prompt_ids(HI)
+    finally:
+        hostile.close()

@@ -35,6 +35,7 @@ except ImportError:
 
 import jaxllm
 from jaxllm.chat_renderer import DEFAULT_TIMEOUT_S
+from jaxllm.entrypoints.openai.chat_options import ChatOptions, add_chat_args, chat_options
 from jaxllm.entrypoints.openai.async_engine import DEFAULT_STALL_TIMEOUT_S, AsyncEngine
 from jaxllm.entrypoints.openai.errors import OpenAIError, UnexpectedErrorsAsOpenAIErrors, error_response
 from jaxllm.entrypoints.openai.guards import RequestGuard, RootPath
@@ -130,6 +131,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--chat-template-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds the chat template may take on one request's messages; a request over it is "
                              "refused with 400 (the template runs in a child process under a memory bound too)")
+    add_chat_args(parser)
     add_engine_args(parser)  # every EngineArgs field; --model is the same as MODEL
     parser.set_defaults(warmup=True)  # serve's own default: build every program before accepting requests
     return parser
@@ -167,7 +169,8 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
               lora_modules: Sequence[LoRAModule] = (), allow_runtime_lora_updating: bool = False,
               options: ResponseOptions = ResponseOptions(), server_load_tracking: bool = False,
               tokenizer_info_endpoint: bool = False, chat_template_timeout_s: float = DEFAULT_TIMEOUT_S,
-              root_path: str = "", cors: dict | None = None, docs: bool = True) -> FastAPI:
+              root_path: str = "", cors: dict | None = None, docs: bool = True,
+              chat: ChatOptions = ChatOptions()) -> FastAPI:
     """The app over `engine`. lora_modules are registered now (engine.add_lora: ValueError naming the module and
     the problem); allow_runtime_lora_updating adds the load/unload routes, server_load_tracking GET /load and
     tokenizer_info_endpoint GET /tokenizer_info; cors: CORSMiddleware's arguments (None: no CORS); docs: FastAPI's
@@ -192,7 +195,7 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan, **no_docs)
     app.state.async_engine, app.state.metrics, app.state.models = async_engine, metrics, models
     app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits, models, options)
-    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models, options)
+    app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models, options, chat=chat)
     _add_error_handlers(app)
     app.add_middleware(UnexpectedErrorsAsOpenAIErrors)
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -392,7 +395,7 @@ async def _tokenize(serving: ChatServing, request: TokenizeRequest) -> dict:
     if (request.prompt is None) == (request.messages is None):
         raise OpenAIError(400, "send exactly one of 'prompt' and 'messages'", "prompt")
     if request.messages is not None:
-        tokens = await serving.render(request.messages, **request.template_options())
+        tokens = await serving.render(request)
     else:
         tokens = await serving.tokenizers.run(
             lambda tokenizer: tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
@@ -447,7 +450,7 @@ def run_server(args: argparse.Namespace) -> int:
                     server_load_tracking=args.enable_server_load_tracking,
                     tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                     chat_template_timeout_s=args.chat_template_timeout, root_path=args.root_path,
-                    cors=_cors(args), docs=not args.disable_fastapi_docs)
+                    cors=_cors(args), docs=not args.disable_fastapi_docs, chat=chat_options(args))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
                             access_log=not args.disable_uvicorn_access_log,
                             timeout_graceful_shutdown=args.shutdown_timeout)

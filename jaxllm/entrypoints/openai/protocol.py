@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from types import MappingProxyType
@@ -207,6 +208,8 @@ class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def as_template_input(self) -> dict[str, Any]:
         content = self.content
@@ -221,7 +224,24 @@ class ChatMessage(OpenAIBaseModel):
         message = {"role": self.role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [_template_tool_call(call) for call in self.tool_calls]
         return message
+
+
+def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call as chat templates read it: its arguments as an object where they are a JSON object's text
+    (templates write them with tojson; as vLLM does)."""
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass  # left as sent
+    return {**call, "function": function}
 
 
 class ChatTemplateOptions(RequestModel):
@@ -229,6 +249,9 @@ class ChatTemplateOptions(RequestModel):
 
     add_generation_prompt: bool = True  # end with the assistant's turn opened
     continue_final_message: bool = False  # leave the last message open: the reply continues it
+    chat_template: str | None = None  # the request's own template (the server's --trust-request-chat-template)
+    chat_template_kwargs: dict[str, Any] | None = None  # values of the template's variables
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, laid out by the template
 
     @model_validator(mode="after")
     def _one_ending(self) -> "ChatTemplateOptions":

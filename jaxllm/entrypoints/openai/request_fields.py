@@ -36,8 +36,8 @@ _NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
 _COMPLETION: dict[str, tuple] = {**_NOT_SUPPORTED_ANYWHERE, "prompt_embeds": (None,),
                                  "add_special_tokens": (True,)}
 _CHAT: dict[str, tuple] = {
-    **_NOT_SUPPORTED_ANYWHERE, "tools": (None, []), "tool_choice": (None, "none"), "add_special_tokens": (False,),
-    "documents": (None,), "chat_template": (None,), "chat_template_kwargs": (None,), "reasoning_effort": (None,),
+    **_NOT_SUPPORTED_ANYWHERE, "tool_choice": (None, "none"), "add_special_tokens": (False,),
+    "documents": (None,), "reasoning_effort": (None,),
     "media_io_kwargs": (None,), "return_prompt_text": (None, False),
     "parallel_tool_calls": ANY, "include_reasoning": ANY,  # they act only with tools / a reasoning parser
 }

@@ -3,13 +3,15 @@ request's `model` may name a LoRA adapter (the base model's chat template still 
 
 from __future__ import annotations
 
+import re
 from typing import AsyncIterator
 
 from jinja2 import TemplateError
 
+from jaxllm.entrypoints.openai.chat_options import ChatOptions
 from jaxllm.entrypoints.openai.errors import bad_request
 from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, ChatCompletionRequest, \
-    ChatCompletionResponse, ChatLogprobs, ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage, \
+    ChatCompletionResponse, ChatTemplateOptions, ChatLogprobs, ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage, \
     TopLogprob, UsageInfo, random_id, usage
 from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, prompt_logprobs_field, \
     sampled_and_top, sse, stream_failure, token_text
@@ -18,6 +20,11 @@ from jaxllm.outputs import CompletionOutput
 
 class ChatServing(ServingBase):
     request_kind = "chat"
+
+    def __init__(self, *args, chat: ChatOptions = ChatOptions(), **kwargs):
+        """chat: the server's chat settings (chat_options.py)."""
+        super().__init__(*args, **kwargs)
+        self.chat = chat
 
     async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
         lora_request = self.check_model(request.model)
@@ -28,9 +35,7 @@ class ChatServing(ServingBase):
         params = self.sampling_params(request, request.requested_max_tokens(), logprobs,
                                       "max_tokens" if request.max_completion_tokens is None else
                                       "max_completion_tokens")
-        prompt = request.truncated({"prompt_token_ids": await self.render(request.messages,
-                                                                          **request.template_options())},
-                                   self.max_model_len)
+        prompt = request.truncated({"prompt_token_ids": await self.render(request)}, self.max_model_len)
         prompt_ids = prompt["prompt_token_ids"]
         if request.requested_max_tokens() is None:
             params = self.fit_default_max_tokens(params, len(prompt_ids))
@@ -41,13 +46,19 @@ class ChatServing(ServingBase):
             return self._stream(request_id, request, streams, model, prompt_ids)
         return await self._full(request_id, request, streams, model)
 
-    async def render(self, messages, **template_options) -> list[int]:
-        """The messages through the chat template (ChatRenderer.prompt_ids' options), under its bounds."""
+    async def render(self, request: ChatTemplateOptions) -> list[int]:
+        """The request's messages through the chat template (the server's, or the request's own when trusted), with
+        its template variables and tools, under the template's bounds."""
         if not self.tokenizers.available:
             raise bad_request("chat needs a tokenizer; this server runs without one", "messages")
         try:
-            conversation = [m.as_template_input() for m in messages]
-            return await self.tokenizers.chat_prompt_ids(conversation, **template_options)
+            options = dict(request.template_options(), chat_template=self.chat.template_for(request.chat_template),
+                           template_kwargs=self.chat.kwargs_for(request.chat_template_kwargs), tools=request.tools)
+        except ValueError as e:
+            raise bad_request(str(e), re.match(r"\w+", str(e)).group(0)) from None
+        try:
+            conversation = [m.as_template_input() for m in request.messages]
+            return await self.tokenizers.chat_prompt_ids(conversation, **options)
         except ValueError as e:
             raise bad_request(str(e), "messages") from None
         except TemplateError as e:  # the template rejects these messages, or the template itself is broken
