@@ -1,0 +1,25 @@
+"""Tool calling: the calls a chat model's text holds besides its answer (OpenAI's tool_calls), read the way vLLM's
+--tool-call-parser reads them. Pure text in, plain values out: no model, no tokenizer.
+
+    calls.py        ToolCall, ExtractedToolCalls (content, tool_calls), call ids
+    deltas.py       ContentDelta, ToolCallDelta (OpenAI's streaming shapes), reassembly
+    stream.py       ToolParser (extract(text), stream()) and ToolCallStream (feed(delta_text), finish()), driving a
+                    format's Scanner
+    hermes.py       <tool_call>{"name": ..., "arguments": {...}}</tool_call>          hermes
+    llama3_json.py  [<|python_tag|>]{"name": ..., "parameters": {...}}; {...}           llama3_json, llama4_json
+    mistral.py      [TOOL_CALLS][{...}] / [TOOL_CALLS]name{...} / name[ARGS]{...}     mistral
+    pythonic.py     [f(a=1), g(b="x")]                                                  pythonic
+    registry.py     get_tool_parser(name)
+    markers.py, whitespace.py, brackets.py: reading text that arrives in pieces
+
+Streams and extract() agree: a stream's deltas, reassembled, give the extract() of the whole text, however the
+text was split into pieces. A tool call is handed out once complete and well formed (malformed, it is content).
+"""
+
+from jaxllm.tool_calling.calls import ExtractedToolCalls, ToolCall, new_call_id
+from jaxllm.tool_calling.deltas import ContentDelta, ToolCallDelta, assemble_tool_deltas
+from jaxllm.tool_calling.registry import TOOL_PARSERS, get_tool_parser
+from jaxllm.tool_calling.stream import ToolCallStream, ToolParser
+
+__all__ = ["ToolCall", "ExtractedToolCalls", "new_call_id", "ContentDelta", "ToolCallDelta",
+           "assemble_tool_deltas", "ToolParser", "ToolCallStream", "TOOL_PARSERS", "get_tool_parser"]
