@@ -1,8 +1,9 @@
-"""Tool calling: the calls a chat model's text holds besides its answer (OpenAI's tool_calls), read the way vLLM's
---tool-call-parser reads them. Pure text in, plain values out: no model, no tokenizer.
+"""Tool calling and reasoning output: what a chat model's text holds besides its answer (OpenAI's tool_calls and
+reasoning_content), read the way vLLM's --tool-call-parser and --reasoning-parser read it. Pure text in, plain
+values out: no model, no tokenizer.
 
     calls.py        ToolCall, ExtractedToolCalls (content, tool_calls), call ids
-    deltas.py       ContentDelta, ToolCallDelta (OpenAI's streaming shapes), reassembly
+    deltas.py       ContentDelta, ReasoningDelta, ToolCallDelta (OpenAI's streaming shapes), reassembly
     stream.py       ToolParser (extract(text), stream()) and ToolCallStream (feed(delta_text), finish()), driving a
                     format's Scanner
     hermes.py       <tool_call>{"name": ..., "arguments": {...}}</tool_call>          hermes
@@ -10,6 +11,7 @@
     mistral.py      [TOOL_CALLS][{...}] / [TOOL_CALLS]name{...} / name[ARGS]{...}     mistral
     pythonic.py     [f(a=1), g(b="x")]                                                  pythonic
     registry.py     get_tool_parser(name)
+    reasoning.py    <think>...</think>: deepseek_r1, qwen3; get_reasoning_parser(name)
     markers.py, whitespace.py, brackets.py: reading text that arrives in pieces
 
 Streams and extract() agree: a stream's deltas, reassembled, give the extract() of the whole text, however the
@@ -17,9 +19,13 @@ text was split into pieces. A tool call is handed out once complete and well for
 """
 
 from jaxllm.tool_calling.calls import ExtractedToolCalls, ToolCall, new_call_id
-from jaxllm.tool_calling.deltas import ContentDelta, ToolCallDelta, assemble_tool_deltas
+from jaxllm.tool_calling.deltas import ContentDelta, ReasoningDelta, ToolCallDelta, assemble_tool_deltas
+from jaxllm.tool_calling.reasoning import (REASONING_PARSERS, ReasoningParser, ReasoningSplit, ReasoningStream,
+                                           assemble_reasoning_deltas, get_reasoning_parser)
 from jaxllm.tool_calling.registry import TOOL_PARSERS, get_tool_parser
 from jaxllm.tool_calling.stream import ToolCallStream, ToolParser
 
-__all__ = ["ToolCall", "ExtractedToolCalls", "new_call_id", "ContentDelta", "ToolCallDelta",
-           "assemble_tool_deltas", "ToolParser", "ToolCallStream", "TOOL_PARSERS", "get_tool_parser"]
+__all__ = ["ToolCall", "ExtractedToolCalls", "new_call_id", "ContentDelta", "ReasoningDelta", "ToolCallDelta",
+           "assemble_tool_deltas", "ToolParser", "ToolCallStream", "TOOL_PARSERS", "get_tool_parser",
+           "ReasoningParser", "ReasoningStream", "ReasoningSplit", "REASONING_PARSERS", "get_reasoning_parser",
+           "assemble_reasoning_deltas"]

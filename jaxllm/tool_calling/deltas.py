@@ -1,6 +1,7 @@
 """The pieces a stream hands out (OpenAI's streaming shapes), and their reassembly.
 
     ContentDelta(text)                              delta {"content": text}
+    ReasoningDelta(text)                            delta {"reasoning_content": text}
     ToolCallDelta(index, arguments, id, name)       delta {"tool_calls": [item]}: a call's first delta carries its
                                                     index, id, type and name (arguments ""), the next ones the
                                                     same index and pieces of the arguments text
@@ -18,6 +19,11 @@ from jaxllm.tool_calling.calls import ExtractedToolCalls, ToolCall
 
 @dataclass(frozen=True)
 class ContentDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
     text: str
 
 

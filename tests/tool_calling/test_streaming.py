@@ -9,8 +9,10 @@ import random
 
 import pytest
 
-from jaxllm.tool_calling import TOOL_PARSERS, assemble_tool_deltas, get_tool_parser
+from jaxllm.tool_calling import (REASONING_PARSERS, TOOL_PARSERS, assemble_reasoning_deltas, assemble_tool_deltas,
+                                 get_reasoning_parser, get_tool_parser)
 from tests.tool_calling.helpers import check_delta_shapes, random_pieces, without_ids
+from tests.tool_calling.test_reasoning import CASES as REASONING_CASES
 from tests.tool_calling.test_tool_parsers import CASES as TOOL_CASES
 
 COMMON = [" ", "  ", "\n", "\n\n", "text", "é", "🎉", "日本", "\\", '"', "'", "{", "}", "[", "]", "(", ")", ";", ",",
@@ -29,6 +31,8 @@ FRAGMENTS = {
                  "None", "True", "{'k': -1.5}", "[", "), "],
 }
 FRAGMENTS["llama4_json"] = FRAGMENTS["llama3_json"]
+REASONING_FRAGMENTS = ["<think>", "</think>", "<thi", "</th", " ", "\n", "\n\n", "thought", "answer", "é🎉", "<", "/",
+                       ">", "think"]
 
 
 def random_text(rng: random.Random, fragments: list[str], *more: list[str]) -> str:
@@ -66,3 +70,28 @@ def test_random_texts_stream_as_extracted(parser):
     rng = random.Random(f"tools {parser}")
     for _ in range(300):
         check_tool_stream(parser, random_text(rng, COMMON, FRAGMENTS[parser]), rng)
+
+
+def check_reasoning_stream(name: str, text: str, enable_thinking: bool, rng: random.Random) -> None:
+    parser = get_reasoning_parser(name)
+    whole = parser.extract(text, enable_thinking=enable_thinking)
+    for _ in range(3):
+        pieces = random_pieces(text, rng)
+        deltas = streamed(parser.stream(enable_thinking=enable_thinking), pieces)
+        assert all(d.text for d in deltas)
+        assert assemble_reasoning_deltas(deltas) == whole, (text, pieces)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_recorded_reasoning_streams_as_extracted(seed):
+    rng = random.Random(seed)
+    for name, text, enable_thinking, _ in REASONING_CASES:
+        check_reasoning_stream(name, text, enable_thinking, rng)
+
+
+@pytest.mark.parametrize("name", REASONING_PARSERS)
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_random_reasoning_streams_as_extracted(name, enable_thinking):
+    rng = random.Random(f"reasoning {name} {enable_thinking}")
+    for _ in range(300):
+        check_reasoning_stream(name, random_text(rng, REASONING_FRAGMENTS), enable_thinking, rng)
