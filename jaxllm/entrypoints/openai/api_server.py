@@ -429,6 +429,7 @@ def run_server(args: argparse.Namespace) -> int:
     # re-raises it afterwards, which this handler turns into a clean exit (status 0), as it does during loading.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     check_lora_args(args)
+    chat = chat_options(args)  # flags that do not go together stop the start before the model loads
     engine = LLMEngine(engine_args(args))
     if jax.process_count() > 1:  # several processes run the model: process 0 serves, the others follow it
         if jax.process_index() > 0:
@@ -450,7 +451,7 @@ def run_server(args: argparse.Namespace) -> int:
                     server_load_tracking=args.enable_server_load_tracking,
                     tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                     chat_template_timeout_s=args.chat_template_timeout, root_path=args.root_path,
-                    cors=_cors(args), docs=not args.disable_fastapi_docs, chat=chat_options(args))
+                    cors=_cors(args), docs=not args.disable_fastapi_docs, chat=chat)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
                             access_log=not args.disable_uvicorn_access_log,
                             timeout_graceful_shutdown=args.shutdown_timeout)

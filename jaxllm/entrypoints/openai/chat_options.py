@@ -3,6 +3,12 @@
     --chat-template FILE|TEMPLATE        the template instead of the model's (checked at start-up)
     --default-chat-template-kwargs JSON  values of the template's variables, under each request's own
     --trust-request-chat-template        let a request send its own `chat_template` (refused otherwise)
+    --enable-auto-tool-choice --tool-call-parser NAME   tool_choice "auto": calls read from the reply's text
+    --reasoning-parser NAME              the reply's <think>...</think> returned apart, as reasoning_content
+
+reply_reader(request) says how a request's reply is read (chat_reply.py): tools and tool_choice are checked there
+(a ValueError naming the field), and tool_choice "required" or a named function gives the JSON schema its reply
+is constrained to.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ import json
 from typing import Any
 
 from jaxllm.chat_templates import load_chat_template, template_kwargs
+from jaxllm.entrypoints.openai.chat_reply import ReplyReader
+from jaxllm.tool_calling import (REASONING_PARSERS, TOOL_PARSERS, get_reasoning_parser, get_tool_parser,
+                                 named_schema, required_schema, validate_tool_choice, validate_tools)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +29,36 @@ class ChatOptions:
     chat_template: str | None = None  # the template's text (load_chat_template)
     default_template_kwargs: dict[str, Any] | None = None
     trust_request_chat_template: bool = False
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                             f"{', '.join(TOOL_PARSERS)})")
+
+    def reply_reader(self, tools: list | None, tool_choice, parallel_tool_calls: bool | None,
+                     template_kwargs: dict) -> tuple[ReplyReader | None, dict | None]:
+        """(how the reply is read, None: as plain text; the JSON schema a forced tool_choice constrains it to)."""
+        if tools is not None:
+            validate_tools(tools)
+        validate_tool_choice(tool_choice, tools)
+        choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+        reasoning = None if self.reasoning_parser is None else get_reasoning_parser(self.reasoning_parser)
+        thinking = template_kwargs.get("enable_thinking", True) is not False
+        if choice == "auto" and tools:
+            if not self.enable_auto_tool_choice:
+                raise ValueError('tool_choice: "auto" needs the server\'s --enable-auto-tool-choice and '
+                                 '--tool-call-parser (or send tool_choice "none", "required" or a function)')
+            return ReplyReader(reasoning, thinking, get_tool_parser(self.tool_call_parser)), None
+        if choice == "required":
+            schema = required_schema(tools, parallel_tool_calls=parallel_tool_calls is not False)
+            return ReplyReader(reasoning, thinking, forced="required"), schema
+        if isinstance(choice, dict):
+            name = choice["function"]["name"]
+            return ReplyReader(reasoning, thinking, forced=name, named=True), named_schema(tools, name)
+        return (None if reasoning is None else ReplyReader(reasoning, thinking)), None
 
     def template_for(self, requested: str | None) -> str | None:
         """The template a request renders with: its own (when trusted; ValueError otherwise), else the server's."""
@@ -54,10 +93,18 @@ def add_chat_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-request-chat-template", action="store_true", default=False,
                         help="accept a request's own chat_template (it runs in the template sandbox, under the "
                              "time and memory bounds)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true", default=False,
+                        help='tool_choice "auto": tool calls read from the reply with --tool-call-parser')
+    parser.add_argument("--tool-call-parser", choices=TOOL_PARSERS, default=None,
+                        help="the format of the model's tool calls")
+    parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
+                        help="return the reply's <think>...</think> as reasoning_content")
 
 
 def chat_options(args: argparse.Namespace) -> ChatOptions:
-    return ChatOptions(args.chat_template, args.default_chat_template_kwargs, args.trust_request_chat_template)
+    """ChatOptions from the flags (ValueError: flags that do not go together)."""
+    return ChatOptions(args.chat_template, args.default_chat_template_kwargs, args.trust_request_chat_template,
+                       args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser)
 
 
 def _template_flag(text: str) -> str:

@@ -266,6 +266,8 @@ class ChatTemplateOptions(RequestModel):
 
 class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     messages: list[ChatMessage] = Field(min_length=1)
+    tool_choice: str | dict[str, Any] | None = None  # unset: "auto" with tools, else "none" (vLLM's)
+    parallel_tool_calls: bool | None = None  # tool_choice "required": more than one call allowed (default true)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -412,6 +414,8 @@ class ChatLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = omitted_when_none()  # --reasoning-parser: the reply's reasoning
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)  # as vLLM: empty when none
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -438,6 +442,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = omitted_when_none()
+    tool_calls: list[dict[str, Any]] | None = omitted_when_none()  # OpenAI's tool-call deltas
 
 
 class ChatStreamChoice(OpenAIBaseModel):

@@ -36,10 +36,10 @@ _NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
 _COMPLETION: dict[str, tuple] = {**_NOT_SUPPORTED_ANYWHERE, "prompt_embeds": (None,),
                                  "add_special_tokens": (True,)}
 _CHAT: dict[str, tuple] = {
-    **_NOT_SUPPORTED_ANYWHERE, "tool_choice": (None, "none"), "add_special_tokens": (False,),
+    **_NOT_SUPPORTED_ANYWHERE, "add_special_tokens": (False,),
     "documents": (None,), "reasoning_effort": (None,),
     "media_io_kwargs": (None,), "return_prompt_text": (None, False),
-    "parallel_tool_calls": ANY, "include_reasoning": ANY,  # they act only with tools / a reasoning parser
+    "include_reasoning": ANY,  # it acts only with a reasoning parser
 }
 FIELDS = {"completion": _COMPLETION, "chat": _CHAT}
 

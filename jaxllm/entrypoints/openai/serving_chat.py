@@ -9,6 +9,7 @@ from typing import AsyncIterator
 from jinja2 import TemplateError
 
 from jaxllm.entrypoints.openai.chat_options import ChatOptions
+from jaxllm.entrypoints.openai.chat_reply import Reply, ReplyReader, ReplyStream
 from jaxllm.entrypoints.openai.errors import bad_request
 from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, ChatCompletionRequest, \
     ChatCompletionResponse, ChatTemplateOptions, ChatLogprobs, ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage, \
@@ -16,6 +17,8 @@ from jaxllm.entrypoints.openai.protocol import ChatChoice, ChatCompletionChunk, 
 from jaxllm.entrypoints.openai.serving_base import SSE_DONE, ServingBase, merge, prompt_logprobs_field, \
     sampled_and_top, sse, stream_failure, token_text
 from jaxllm.outputs import CompletionOutput
+from jaxllm.structured_outputs import StructuredOutputsParams
+from jaxllm.tool_calling import ContentDelta, ReasoningDelta, ToolCallDelta
 
 
 class ChatServing(ServingBase):
@@ -35,6 +38,7 @@ class ChatServing(ServingBase):
         params = self.sampling_params(request, request.requested_max_tokens(), logprobs,
                                       "max_tokens" if request.max_completion_tokens is None else
                                       "max_completion_tokens")
+        reader = self._reply_reader(request, params)
         prompt = request.truncated({"prompt_token_ids": await self.render(request)}, self.max_model_len)
         prompt_ids = prompt["prompt_token_ids"]
         if request.requested_max_tokens() is None:
@@ -43,8 +47,27 @@ class ChatServing(ServingBase):
                                     request.priority)
         request_id, model = request.response_id("chatcmpl"), self.response_model(lora_request)
         if request.stream:
-            return self._stream(request_id, request, streams, model, prompt_ids)
-        return await self._full(request_id, request, streams, model)
+            return self._stream(request_id, request, streams, model, prompt_ids, reader)
+        return await self._full(request_id, request, streams, model, reader)
+
+    def _reply_reader(self, request: ChatCompletionRequest, params) -> ReplyReader | None:
+        """How the reply is read (tools, reasoning); a forced tool_choice constrains params to its JSON schema."""
+        try:
+            reader, schema = self.chat.reply_reader(request.tools, request.tool_choice, request.parallel_tool_calls,
+                                                    self.chat.kwargs_for(request.chat_template_kwargs))
+        except ValueError as e:
+            raise bad_request(str(e), re.match(r"\w+", str(e)).group(0)) from None
+        if schema is not None:
+            if params.structured_outputs is not None:
+                raise bad_request(f"tool_choice: {request.tool_choice!r} constrains the reply to a tool call; it "
+                                  f"cannot be combined with {params.structured_outputs.source_field}",
+                                  "tool_choice")
+            constraint = StructuredOutputsParams(json=schema)
+            constraint.source_field = "tools"
+            params.structured_outputs = self.structured_outputs_config.apply(constraint)
+        if reader is not None and reader.tool_parser is not None and reader.tool_parser.name == "mistral":
+            params.skip_special_tokens = False  # [TOOL_CALLS] and [ARGS] are special tokens
+        return reader
 
     async def render(self, request: ChatTemplateOptions) -> list[int]:
         """The request's messages through the chat template (the server's, or the request's own when trusted), with
@@ -65,8 +88,8 @@ class ChatServing(ServingBase):
             raise bad_request(f"the chat template failed on these messages: {type(e).__name__}: {e}",
                               "messages") from None
 
-    async def _full(self, request_id: str, request: ChatCompletionRequest, streams,
-                    model: str) -> ChatCompletionResponse:
+    async def _full(self, request_id: str, request: ChatCompletionRequest, streams, model: str,
+                    reader: ReplyReader | None) -> ChatCompletionResponse:
         texts: dict[int, list[str]] = {}
         token_ids: dict[int, list[int]] = {}
         last: dict[int, CompletionOutput] = {}
@@ -86,11 +109,17 @@ class ChatServing(ServingBase):
 
         await self.collect(merge(streams), consume)
         echo, ids = request.echoed_text(), request.return_token_ids
-        choices = [ChatChoice(index=i, message=ChatResponseMessage(content=echo + "".join(texts[i])),
-                              logprobs=ChatLogprobs(content=logprobs[i]) if request.logprobs else None,
-                              finish_reason=last[i].finish_reason, stop_reason=last[i].stop_reason,
-                              token_ids=token_ids[i] if ids else None)
-                   for i in sorted(texts)]
+        choices = []
+        for i in sorted(texts):
+            reply = Reply(None, echo + "".join(texts[i]), []) if reader is None else reader.whole(
+                echo + "".join(texts[i]))
+            finish = last[i].finish_reason if reader is None else reader.finish_reason(last[i].finish_reason,
+                                                                                       len(reply.tool_calls))
+            message = ChatResponseMessage(content=reply.content, reasoning_content=reply.reasoning_content,
+                                          tool_calls=[call.to_openai() for call in reply.tool_calls])
+            choices.append(ChatChoice(index=i, message=message, finish_reason=finish, stop_reason=last[i].stop_reason,
+                                      logprobs=ChatLogprobs(content=logprobs[i]) if request.logprobs else None,
+                                      token_ids=token_ids[i] if ids else None))
         return ChatCompletionResponse(
             id=request_id, model=model, choices=choices,
             usage=usage(len(prompt.prompt_token_ids), generated, self.cached_tokens(prompt.num_cached_tokens)),
@@ -99,8 +128,9 @@ class ChatServing(ServingBase):
             metrics=self.request_metrics([prompt], request.n, generated))
 
     async def _stream(self, request_id: str, request: ChatCompletionRequest, streams, model: str,
-                      prompt_ids: list[int]) -> AsyncIterator[str]:
+                      prompt_ids: list[int], reader: ReplyReader | None) -> AsyncIterator[str]:
         ids = request.return_token_ids
+        replies: dict[int, ReplyStream] = {}  # per choice: its text read for reasoning and tool calls
         include_usage, continuous_usage = self.stream_usage(request)
         generated, cached, last = 0, 0, None
 
@@ -126,9 +156,12 @@ class ChatServing(ServingBase):
                     generated += len(completion.token_ids)
                     logprobs = ChatLogprobs(content=self._logprobs(completion, request)) if request.logprobs \
                         else None
-                    yield chunk([ChatStreamChoice(index=completion.index, delta=DeltaMessage(content=completion.text),
-                                                  logprobs=logprobs, finish_reason=completion.finish_reason,
-                                                  stop_reason=completion.stop_reason,
+                    delta, finish = DeltaMessage(content=completion.text), completion.finish_reason
+                    if reader is not None:
+                        delta, finish = _read_delta(replies.setdefault(completion.index, reader.stream()),
+                                                    completion)
+                    yield chunk([ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
+                                                  finish_reason=finish, stop_reason=completion.stop_reason,
                                                   token_ids=completion.token_ids if ids else None)],
                                 usage_so_far() if continuous_usage else None)
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure travels as an error event
@@ -149,6 +182,21 @@ class ChatServing(ServingBase):
             tokens.append(ChatLogprobToken(token=text, logprob=sampled.logprob, bytes=list(text.encode()),
                                            top_logprobs=[_top(lp, tid, self.tokenizer, as_id) for tid, lp in top]))
         return tokens
+
+
+def _read_delta(reply: ReplyStream, completion: CompletionOutput) -> tuple[DeltaMessage, str | None]:
+    """The choice's new text read as reasoning, content and tool-call deltas (what is held back comes later);
+    its finish_reason as the reader gives it."""
+    deltas = reply.feed(completion.text)
+    if completion.finish_reason is not None:
+        deltas += reply.finish()
+    content = "".join(d.text for d in deltas if isinstance(d, ContentDelta)) or None
+    reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) or None
+    calls = [d.to_openai() for d in deltas if isinstance(d, ToolCallDelta)] or None
+    finish = completion.finish_reason
+    if finish is not None:
+        finish = reply.reader.finish_reason(finish, reply.num_tool_calls)
+    return DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=calls), finish
 
 
 def _top(logprob, token_id: int, tokenizer, as_id: bool) -> TopLogprob:
