@@ -286,3 +286,22 @@ def test_constrained_requests_with_lora_adapters(quantizable_model, peft_adapter
         assert out.finish_reason == "stop"
         check_output(kind, out.text)
     assert [o.token_ids for o in together] == [generate([item])[0].token_ids for item in items]
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"backend": "outlines"}, "backend 'outlines' is not available: auto or xgrammar"),
+    ({"disable_any_whitespace": "yes"}, "disable_any_whitespace must be true or false"),
+    ({"whitespace": True}, "unknown key 'whitespace'"),
+])
+def test_the_structured_outputs_config_is_checked(config, message):
+    with pytest.raises(ValueError, match=f"structured_outputs_config: {message}"):
+        EngineArgs(structured_outputs_config=config)
+
+
+def test_the_engine_config_makes_json_compact_by_default(model):
+    llm = make_llm(model, structured_outputs_config={"disable_any_whitespace": True})
+    params = SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and "\n" not in out.text
+    check_output("json", out.text)
+    assert params.structured_outputs.disable_any_whitespace is False  # the caller's params are left as they were
