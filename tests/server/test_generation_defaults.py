@@ -23,7 +23,7 @@ CHAT = [{"role": "user", "content": "Hello"}]
 
 def _serving(defaults: dict, max_model_len: int = 64) -> ChatServing:
     engine = SimpleNamespace(engine=SimpleNamespace(scheduler_config=SimpleNamespace(max_model_len=max_model_len),
-                                                    sampling_defaults=defaults))
+                                                    sampling_defaults=defaults, structured_outputs_config=None))
     return ChatServing(engine, [MODEL], ServerTokenizer(None))
 
 
