@@ -7,8 +7,10 @@ StructuredOutputsParams:
     guided_json, guided_regex, guided_choice, guided_grammar, structural_tag, guided_whitespace_pattern,
     guided_decoding_backend      vLLM's older names of the same
 
-At most one of them may ask for a constraint (a 400 names them otherwise). The params remember the field they
-came from, so that a constraint that does not parse is a 400 naming that field.
+At most one of them may ask for a constraint (a 400 names them otherwise). A structured_outputs object that asks
+for none (only options: disable_any_whitespace, ...) applies its options to the constraint another field gives, as
+vLLM merges response_format into structured_outputs. The params remember the field they came from, so that a
+constraint that does not parse is a 400 naming that field.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jaxllm.structured_outputs.params import StructuredOutputsParams, from_dict
+from jaxllm.structured_outputs.params import KINDS, StructuredOutputsParams, from_dict
 
 BACKENDS = ("auto", "xgrammar")  # guided_decoding_backend values served here, with options after a colon
 BACKEND_OPTIONS = {"disable-any-whitespace": "disable_any_whitespace", "no-fallback": "disable_fallback",
@@ -73,7 +75,9 @@ class StructuredOutputFields(OpenAIBaseModel):
             if options:
                 params = dataclasses.replace(params, **options)
         except (ValueError, TypeError) as e:
-            raise ValueError(f"{field}: {e}") from None
+            raise _naming(field, e) from None
+        if field != "structured_outputs" and self.structured_outputs:
+            params = _with_options(params, self.structured_outputs)
         params.source_field = field
         return params
 
@@ -93,9 +97,14 @@ class StructuredOutputFields(OpenAIBaseModel):
         return {BACKEND_OPTIONS[o]: True for o in chosen}
 
     def _asking_fields(self) -> list[str]:
-        asked = [name for name in ("structured_outputs", *GUIDED) if getattr(self, name) is not None]
+        """The fields that give a constraint; structured_outputs holding options only gives none unless no other
+        field does (then it is refused: it must give one)."""
+        asked = [name for name in GUIDED if getattr(self, name) is not None]
         if self.response_format is not None and self.response_format.type != "text":
             asked.insert(0, "response_format")
+        given = self.structured_outputs
+        if given is not None and (not asked or any(given.get(kind) not in (None, False) for kind in KINDS)):
+            asked.insert(1 if asked[:1] == ["response_format"] else 0, "structured_outputs")
         return asked
 
     def _params_of(self, field: str) -> StructuredOutputsParams:
@@ -108,6 +117,25 @@ class StructuredOutputFields(OpenAIBaseModel):
         if field == "guided_json" and self.guided_whitespace_pattern is not None:
             options["whitespace_pattern"] = self.guided_whitespace_pattern
         return StructuredOutputsParams(**{GUIDED[field]: value}, **options)
+
+
+def _with_options(params: StructuredOutputsParams, options: dict[str, Any]) -> StructuredOutputsParams:
+    """params with the options of a structured_outputs object that gives no constraint of its own."""
+    names = {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ValueError(f"structured_outputs: unknown field {unknown[0]!r} (known: {', '.join(sorted(names))})")
+    options = {name: value for name, value in options.items() if name not in KINDS}  # kinds here are null/false
+    try:
+        return dataclasses.replace(params, **options)
+    except (ValueError, TypeError) as e:
+        raise _naming("structured_outputs", e) from None
+
+
+def _naming(field: str, error: Exception) -> ValueError:
+    """The error's message starting with "<field>: " (once: StructuredOutputsParams' own may already)."""
+    message = str(error)
+    return ValueError(message if message.startswith(f"{field}: ") else f"{field}: {message}")
 
 
 def _from_response_format(response_format: ResponseFormat) -> StructuredOutputsParams:
