@@ -20,6 +20,7 @@ engine reuses it); a bad schema, regex or grammar raises ValueError naming the f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from typing import Any
@@ -57,16 +58,17 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple:
-        """What the compiled grammar depends on: the compile cache's key."""
+        """What the grammar depends on: the parse and compile caches' key (a schema's text keeps its properties'
+        order: the output follows it)."""
         value = getattr(self, self.kind)
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        text = value if isinstance(value, str) else json.dumps(value)
         return self.kind, text, self.disable_any_whitespace
 
     def parsed(self):
-        """The parsed grammar (an xgrammar Grammar): parsed at the first call and kept; ValueError if the
-        constraint is not valid."""
+        """The parsed grammar (an xgrammar Grammar): parsed at the first call and kept (and found by its text
+        when another request sent the same); ValueError if the constraint is not valid."""
         if self._parsed is None:
-            self._parsed = _parse(self)
+            self._parsed = _parse(*self.key)
         return self._parsed
 
     def _check_types(self) -> None:
@@ -88,21 +90,21 @@ class StructuredOutputsParams:
                              "whitespace pattern; disable_any_whitespace removes whitespace)")
 
 
-def _parse(params: StructuredOutputsParams):
+@functools.lru_cache(maxsize=1024)
+def _parse(kind: str, text: str, disable_any_whitespace: bool):
+    """The grammar of a constraint given by its key (StructuredOutputsParams.key)."""
     xgr = optional_deps.require("xgrammar", optional_deps.STRUCTURED_OUTPUTS)
-    kind = params.kind
     try:
         if kind in ("json", "json_object"):  # json_object: any object (not any JSON value)
-            schema = params.json if kind == "json" else {"type": "object"}
-            schema = schema if isinstance(schema, str) else json.dumps(schema)
-            return xgr.Grammar.from_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+            schema = text if kind == "json" else '{"type": "object"}'
+            return xgr.Grammar.from_json_schema(schema, any_whitespace=not disable_any_whitespace)
         if kind == "regex":
-            return xgr.Grammar.from_regex(params.regex)
+            return xgr.Grammar.from_regex(text)
         if kind == "choice":  # JSON string escapes are EBNF string escapes
-            return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c) for c in params.choice))
+            return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c) for c in json.loads(text)))
         if kind == "grammar":
-            return xgr.Grammar.from_ebnf(params.grammar)
-        return xgr.Grammar.from_structural_tag(params.structural_tag)
+            return xgr.Grammar.from_ebnf(text)
+        return xgr.Grammar.from_structural_tag(text)
     except (RuntimeError, ValueError, TypeError) as e:
         raise ValueError(f"structured_outputs.{kind}: {_parser_message(e)}") from None
 

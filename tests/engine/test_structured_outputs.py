@@ -305,3 +305,10 @@ def test_the_engine_config_makes_json_compact_by_default(model):
     assert out.finish_reason == "stop" and "\n" not in out.text
     check_output("json", out.text)
     assert params.structured_outputs.disable_any_whitespace is False  # the caller's params are left as they were
+
+
+def test_a_constraint_sent_again_is_not_parsed_again():
+    first = StructuredOutputsParams(json={"type": "object", "properties": {"b": {"type": "integer"}}})
+    again = StructuredOutputsParams(json={"type": "object", "properties": {"b": {"type": "integer"}}})
+    assert again.parsed() is first.parsed()
+    assert StructuredOutputsParams(json={"type": "object"}).parsed() is not first.parsed()
