@@ -1,0 +1,60 @@
+"""benchmarks/tool_calling.py without a server: its tool sets are tools the server accepts (and whose forced-call
+schemas xgrammar compiles), and its validity check says what a reply's problem is."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from jaxllm.tool_calling.forced import named_schema, required_schema
+from jaxllm.tool_calling.tools import validate_tools
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tool_calling.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("tool_calling_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+script = _load_script()
+
+
+def test_tool_sets_are_varied_and_accepted():
+    assert len(script.TOOL_SETS) >= 20
+    for tools, message in script.TOOL_SETS:
+        assert 1 <= len(tools) <= 5 and message
+        validate_tools(tools)
+        for tool in tools:
+            jsonschema.Draft202012Validator.check_schema(tool["function"]["parameters"])
+    text = json.dumps(script.TOOL_SETS)
+    for feature in ('"$ref"', '"enum"', '"boolean"', '"number"', '"minimum"', '"array"', '"pattern"'):
+        assert feature in text
+
+
+def test_forced_call_schemas_compile():
+    xgr = pytest.importorskip("xgrammar")
+    for tools, _ in script.TOOL_SETS:
+        for any_whitespace in (True, False):
+            for schema in (required_schema(tools), required_schema(tools, parallel_tool_calls=False),
+                           named_schema(tools, tools[0]["function"]["name"])):
+                xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+
+
+def test_reply_problems():
+    tools = [script.WEATHER]
+    assert script.reply_problem([("get_weather", '{"city": "Oslo"}')], "tool_calls", tools) is None
+    assert script.reply_problem([("get_weather", '{"city": "Oslo"}')], "length", tools) == "cut by max_tokens"
+    assert script.reply_problem([], "stop", tools) == "no calls"
+    assert script.reply_problem([("get_time", "{}")], "tool_calls", tools) == "undeclared tool"
+    assert script.reply_problem([("get_weather", '{"city": ')], "tool_calls", tools) == "arguments not JSON"
+    assert script.reply_problem([("get_weather", '{"unit": "kelvin"}')], "tool_calls",
+                                tools).startswith("schema: ")
+    assert script.reply_problem([("get_weather", '{"city": "A"}')] * 2, "tool_calls", tools, single=True) \
+        == "several calls with parallel_tool_calls=false"
