@@ -11,7 +11,7 @@
     model.norm.weight                                       fp16 [H]
     lm_head.weight                                          fp16 [V, H]     (untied models only)
 
-read_dequantized reads one back into float32 weights (the HF [N, K] layout, layer_weights.py names) with the
+read_dequantized reads one back into float32 weights (the HF [N, K] layout, dense_forward.py names) with the
 format's own unpacker: what the perplexity checks and tests run.
 """
 

@@ -28,7 +28,6 @@ from jaxllm.quantization import calibration
 from jaxllm.quantization.awq_layer import METHODS, quantize_layer
 from jaxllm.quantization.checkpoint import LINEAR_NAMES, global_tensors, layer_tensors, write_tensors
 from jaxllm.quantization.hf_config import awq_config, generation_config
-from jaxllm.quantization.layer_weights import global_weights, split_layers
 
 TOKENS_PER_CHUNK = 4096  # calibration tokens per forward call: bounds activation memory, not the calibration size
 MAX_SEQ_LEN = 512
@@ -74,7 +73,7 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
     from tqdm.auto import tqdm
 
     from jaxllm.quantization.search import layer_tap_stats
-    from jaxllm.quantization.dense_forward import embed_tokens, layer_output
+    from jaxllm.quantization.dense_forward import embed_tokens, global_weights, layer_output, split_layers
 
     start = time.perf_counter()
     check_method(method)
