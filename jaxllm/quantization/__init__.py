@@ -8,8 +8,8 @@ GEMM checkpoints (`jaxllm quantize`).
     search.py            each group's calibration statistics (Gram matrix, mean |x|); AWQ's scale and clip searches
     awq_layer.py         one layer: scale groups, folding, clipping, quantization (or RTN)
     calibration.py       calibration / held-out text -> token sequences (calibration.txt, held_out.txt)
-    checkpoint.py        tensor names, writing, reading back dequantized
-    hf_config.py         config.json with quantization_config; generation_config.json
+    checkpoint.py        tensor names; writing the tensors, config.json (quantization_config) and
+                         generation_config.json; reading back dequantized
     quantize.py          quantize_model: the whole pipeline
     command.py           the flags of `jaxllm quantize`
     quality.py           perplexity of float weights; float32 vs AWQ vs RTN held-out perplexity
