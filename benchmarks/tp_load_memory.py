@@ -4,7 +4,7 @@
     python benchmarks/tp_load_memory.py --no-default-model  # the tiny Llama only
 
 Runs on 4 fake CPU devices (set before JAX starts), where Device.memory_stats() reports nothing: the gauge is the
-bytes of live arrays per device (loaders.place.live_bytes_per_device), sampled after each array is placed. Paths:
+bytes of live arrays per device (jaxllm/benchmarks/load_memory.py), sampled after each array is placed. Paths:
     one device  load_model(model): the whole model on device 0
     sharded     load_model(model, mesh=...): host params, each device receives only its slice
     previous    what the engine did before: the whole model on device 0, laid out there, then jax.device_put
@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 
 from jaxllm.loaders import load_model  # noqa: E402
-from jaxllm.loaders.place import DevicePeak  # noqa: E402
+from jaxllm.benchmarks.load_memory import DevicePeak  # noqa: E402
 from jaxllm.model import tensor_parallel as tp  # noqa: E402
 from jaxllm.model.params import param_bytes  # noqa: E402
 

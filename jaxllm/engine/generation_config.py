@@ -107,9 +107,9 @@ def _file_values(path: Path) -> dict[str, Any]:
 
 
 def _gguf_values(path: Path) -> dict[str, Any]:
-    from jaxllm.loaders.gguf import gguf_metadata, open_gguf
+    from jaxllm.loaders.gguf import open_gguf
 
-    values = _read(gguf_metadata(open_gguf(path), path), GGUF_KEYS)
+    values = _read(FieldReader(open_gguf(path).metadata, path), GGUF_KEYS)
     # float32 in the file: 0.7 reads back as 0.699999988; seven significant digits give 0.7 again
     return {name: float(f"{v:.7g}") if isinstance(v, float) else v for name, v in values.items()}
 

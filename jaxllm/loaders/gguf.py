@@ -56,13 +56,8 @@ def _open(path: Path, size: int, mtime_ns: int) -> GGUFFile:  # size and time: a
         raise ModelLoadError(path, f"cannot read GGUF file (truncated or corrupt?): {e}") from e
 
 
-def gguf_metadata(reader: GGUFFile, path: Path) -> FieldReader:
-    """The file's metadata, each value checked as it is read (file_fields.FieldReader)."""
-    return FieldReader(reader.metadata, path)
-
-
 def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
-    meta = gguf_metadata(reader, path)
+    meta = FieldReader(reader.metadata, path)  # each value checked as it is read
     arch = meta.text("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(path, f"unknown architecture {short_repr(arch)}; supported: "

@@ -93,9 +93,6 @@ class GGUFFile:
         self.data_offset = -(-self._pos // alignment) * alignment
         self.tensors = [self._tensor(*info) for info in table]
 
-    def _read_raw(self, count: int) -> bytes:
-        return self._slice(count).tobytes()
-
     def _slice(self, count: int) -> np.ndarray:
         if count < 0 or self._pos + count > len(self._bytes):
             raise ValueError(f"a read of {count} bytes at byte {self._pos} goes past the end of the file "
@@ -119,7 +116,7 @@ class GGUFFile:
     def _string(self) -> str:
         length = self._count(1, "string length")
         try:
-            return self._read_raw(length).decode("utf-8")
+            return self._slice(length).tobytes().decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"a string at byte {self._pos - length} is not UTF-8: {e}") from e
 

@@ -17,7 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from jaxllm.loaders.gguf import gguf_metadata, open_gguf
+from jaxllm.file_fields import FieldReader
+from jaxllm.loaders.gguf import open_gguf
 from pallas_kernels.native_build import cache_root
 
 SPECIAL_TOKEN_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
@@ -74,7 +75,7 @@ def convert_gguf_file_tokenizer(path: Path):
     if tokenizer_dict.get("tokenizer_type") == "llama":  # sentencepiece vocabularies add BOS unless told not to
         config.setdefault("add_bos_token", True)
     tokens = tokenizer_dict["tokens"]
-    special = gguf_metadata(reader, path)
+    special = FieldReader(reader.metadata, path)
     for name, key in SPECIAL_TOKEN_IDS.items():  # ids checked against the vocabulary they index
         token_id = special.integer(f"tokenizer.ggml.{key}", None, minimum=0, maximum=len(tokens) - 1)
         config[name] = tokens[token_id] if token_id is not None else None

@@ -24,11 +24,10 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_fits_host(config: ModelConfig, source: object, bytes_per_param: float,
-                    memory: int | None = None) -> None:
+def check_fits_host(config: ModelConfig, source: object, bytes_per_param: float) -> None:
     """ModelLoadError naming `source` when the config's params, at bytes_per_param each (their dtype's size, or
-    less for packed weights), need more than `memory` (default: the machine's) bytes."""
-    memory = host_memory_bytes() if memory is None else memory
+    less for packed weights), need more than the machine's memory."""
+    memory = host_memory_bytes()
     if memory is None:
         return
     count = param_count(config)

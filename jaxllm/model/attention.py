@@ -12,8 +12,6 @@ model/kernels.py chooses one (Kernels.attention); `attend` runs it.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 
 from jaxllm.model.kernels import Kernels
@@ -23,31 +21,14 @@ from pallas_kernels.paged_attention import (ragged_paged_attention, ragged_paged
 from pallas_kernels.paged_attention.cpu_kernel import cpu_ragged_paged_attention
 
 
-def reference_attention(q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
-    return ragged_paged_attention_reference(
-        q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc, sm_scale=sm_scale)
-
-
-def cpu_attention(q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
-    return cpu_ragged_paged_attention(
-        q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc, sm_scale=sm_scale)
-
-
-def pallas_attention(q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float, interpret: bool = False
-                     ) -> jax.Array:
-    """The ragged kernel's query tiles take their default size: every chunk may be as long as the step."""
-    kernel = split_kv_paged_attention if batch.decode_only else ragged_paged_attention
-    max_query_len = 1 if batch.decode_only else q.shape[0]
-    return kernel(q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc,
-                  max_query_len=max_query_len, sm_scale=sm_scale, interpret=interpret)
-
-
-ATTENTION_BACKENDS: dict[str, Callable] = {"reference": reference_attention, "cpu": cpu_attention,
-                                           "pallas": pallas_attention}
-
-
 def attend(kernels: Kernels, q, k_pool, v_pool, layer, batch: StepBatch, sm_scale: float) -> jax.Array:
-    """q [T, Hq, D] attending over the pools' layer `layer` with the implementation `kernels` names -> [T, Hq, D]."""
-    if kernels.attention == "pallas":
-        return pallas_attention(q, k_pool, v_pool, layer, batch, sm_scale, interpret=kernels.interpret)
-    return ATTENTION_BACKENDS[kernels.attention](q, k_pool, v_pool, layer, batch, sm_scale)
+    """q [T, Hq, D] attending over the pools' layer `layer` with the implementation `kernels` names -> [T, Hq, D].
+    Pallas: the ragged kernel's query tiles take their default size (every chunk may be as long as the step)."""
+    args = (q, k_pool, v_pool, layer, batch.block_tables, batch.context_lens, batch.query_start_loc)
+    if kernels.attention == "reference":
+        return ragged_paged_attention_reference(*args, sm_scale=sm_scale)
+    if kernels.attention == "cpu":
+        return cpu_ragged_paged_attention(*args, sm_scale=sm_scale)
+    kernel = split_kv_paged_attention if batch.decode_only else ragged_paged_attention
+    return kernel(*args, max_query_len=1 if batch.decode_only else q.shape[0], sm_scale=sm_scale,
+                  interpret=kernels.interpret)

@@ -3,13 +3,13 @@ GEMM checkpoints (`jaxllm quantize`).
 
     awq_format.py        the checkpoint's packing: pack_awq / unpack_awq / dequantize_awq (numpy)
     group_quant.py       asymmetric 4-bit group quantization (jnp)
-    dense_forward.py     a per-layer forward over whole sequences, exposing each linear group's input
+    dense_forward.py     a per-layer forward over whole sequences, exposing each linear group's input; loaded
+                         params -> per-layer float dicts, q/k/v and gate/up apart
     search.py            each group's calibration statistics (Gram matrix, mean |x|); AWQ's scale and clip searches
     awq_layer.py         one layer: scale groups, folding, clipping, quantization (or RTN)
-    layer_weights.py     loaded params -> per-layer float dicts, q/k/v and gate/up apart
     calibration.py       calibration / held-out text -> token sequences (calibration.txt, held_out.txt)
-    checkpoint.py        tensor names, writing, reading back dequantized
-    hf_config.py         config.json with quantization_config; generation_config.json
+    checkpoint.py        tensor names; writing the tensors, config.json (quantization_config) and
+                         generation_config.json; reading back dequantized
     quantize.py          quantize_model: the whole pipeline
     command.py           the flags of `jaxllm quantize`
     quality.py           perplexity of float weights; float32 vs AWQ vs RTN held-out perplexity

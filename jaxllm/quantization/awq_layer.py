@@ -64,7 +64,7 @@ def scale_groups(config: ModelConfig) -> list[ScaleGroup]:
 
 def quantize_layer(w: dict, stats: dict[str, TapStats] | None, config: ModelConfig, method: str, group_size: int,
                    clip: bool = True, n_grid: int = 20) -> QuantizedLayer:
-    """w: the layer's float32 weights (layer_weights.py names); stats: the calibration TapStats of each tap (AWQ
+    """w: the layer's float32 weights (dense_forward.py names); stats: the calibration TapStats of each tap (AWQ
     only). Returns the folded dense weights and the quantized linears."""
     if method not in METHODS:
         raise ValueError(f"unknown quantization method {method!r}; choose one of {', '.join(METHODS)}")

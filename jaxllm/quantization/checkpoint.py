@@ -1,4 +1,6 @@
-"""The AWQ checkpoint's tensors: HF Llama names, linears as qweight/qzeros/scales, everything else fp16.
+"""The AWQ checkpoint directory: model.safetensors, config.json, generation_config.json and the tokenizer.
+
+The tensors: HF Llama names, linears as qweight/qzeros/scales, everything else fp16.
 
     model.embed_tokens.weight                               fp16 [V, H]
     model.layers.{i}.input_layernorm.weight                 fp16 [H]        (AWQ's 1/s folded in)
@@ -11,7 +13,12 @@
     model.norm.weight                                       fp16 [H]
     lm_head.weight                                          fp16 [V, H]     (untied models only)
 
-read_dequantized reads one back into float32 weights (the HF [N, K] layout, layer_weights.py names) with the
+config.json: a Hugging Face source keeps its own (every field other AWQ loaders may read stays as it was); a GGUF
+or orbax source gets one written from its ModelConfig. Either way `quantization_config` says how the weights are
+stored, in the keys AutoAWQ, transformers and vLLM read, and torch_dtype is float16, the dtype of the scales and
+of every unquantized tensor.
+
+read_dequantized reads one back into float32 weights (the HF [N, K] layout, dense_forward.py names) with the
 format's own unpacker: what the perplexity checks and tests run.
 """
 
@@ -24,6 +31,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxllm.config import ModelConfig
+from jaxllm.loaders.resolve import ModelSource
 from jaxllm.quantization.awq_format import dequantize_awq, pack_awq
 
 WEIGHTS_FILE = "model.safetensors"
@@ -66,19 +75,25 @@ def fp16(value, name: str) -> np.ndarray:
     return array
 
 
-def write_tensors(directory: Path, tensors: dict[str, np.ndarray]) -> Path:
-    """Write the tensors; each is made C-contiguous first (safetensors' numpy writer copies a transposed array's
-    memory as it lies, silently storing the transpose)."""
-    path = directory / WEIGHTS_FILE
+def write_checkpoint(output_dir: Path, tensors: dict[str, np.ndarray], source: ModelSource, config: ModelConfig,
+                     group_size: int, tokenizer) -> None:
+    """model.safetensors, config.json, generation_config.json (when the model has EOS ids), the tokenizer files.
+    Each tensor is made C-contiguous first (safetensors' numpy writer copies a transposed array's memory as it
+    lies, silently storing the transpose)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
     tensors = {name: np.ascontiguousarray(array) for name, array in tensors.items()}
-    save_file(tensors, str(path), metadata={"format": "pt"})  # "pt": what transformers expects of the metadata
-    return path
+    save_file(tensors, str(output_dir / WEIGHTS_FILE), metadata={"format": "pt"})  # "pt": what transformers expects
+    (output_dir / "config.json").write_text(json.dumps(awq_config(source, config, group_size), indent=2) + "\n")
+    generation = generation_config(source, config)
+    if generation is not None:
+        (output_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    tokenizer.save_pretrained(str(output_dir))
 
 
 def read_dequantized(directory: Path) -> tuple[dict, dict, list[dict]]:
     """A written checkpoint -> (its config.json dict, global weights, per-layer weights), all float32, linears
     dequantized to the HF [N, K] layout."""
-    hf = json.loads((directory / "config.json").read_text())
+    hf = _read_json(directory / "config.json")
     group_size = hf["quantization_config"]["group_size"]
     with safe_open(str(directory / WEIGHTS_FILE), framework="numpy") as f:
         tensors = {name: f.get_tensor(name) for name in f.keys()}
@@ -93,3 +108,59 @@ def read_dequantized(directory: Path) -> tuple[dict, dict, list[dict]]:
             layer[field] = dequantize_awq(*parts, group_size).T  # [N, K]
         layers.append(layer)
     return hf, glob, layers
+
+
+_HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
+               "qwen2": ("Qwen2ForCausalLM", "qwen2")}
+
+
+def awq_config(source: ModelSource, config: ModelConfig, group_size: int) -> dict:
+    """The source's HF config with the AWQ quantization_config added."""
+    hf = _read_json(source.path / "config.json") if source.kind == "hf_dir" else hf_config_from(config)
+    hf["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+                                 "version": "gemm", "modules_to_not_convert": None}
+    hf["torch_dtype"] = "float16"
+    if "dtype" in hf:  # newer transformers write this key instead
+        hf["dtype"] = "float16"
+    return hf
+
+
+def hf_config_from(config: ModelConfig) -> dict:
+    """An HF config.json dict for a model known only by its ModelConfig (GGUF, orbax)."""
+    architecture, model_type = _HF_CLASSES[config.architecture]
+    hf = {
+        "architectures": [architecture], "model_type": model_type, "hidden_act": "silu",
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_ids[0] if config.eos_token_ids else None,
+    }
+    if config.rope_scaling is not None:
+        hf["rope_scaling"] = {"rope_type": "llama3", **vars(config.rope_scaling)}
+    if config.architecture == "qwen2":
+        hf["use_sliding_window"] = False
+    if config.sliding_window is not None:
+        hf["sliding_window"] = config.sliding_window
+    return hf
+
+
+def generation_config(source: ModelSource, config: ModelConfig) -> dict | None:
+    """The source's generation_config.json, or one naming every EOS id the model has (GGUF sources list end of
+    turn and end of message ids there too); None when it has none."""
+    if source.kind == "hf_dir" and (source.path / "generation_config.json").is_file():
+        return _read_json(source.path / "generation_config.json")
+    if not config.eos_token_ids:
+        return None
+    eos = list(config.eos_token_ids)
+    generation = {"eos_token_id": eos[0] if len(eos) == 1 else eos}
+    if config.bos_token_id is not None:
+        generation["bos_token_id"] = config.bos_token_id
+    return generation
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -6,18 +6,23 @@ that layer i can be quantized on what the already-quantized layers 0 .. i-1 feed
 attention over [B, T] tokens. The blocks (rms_norm, rope, linear) are the model's own.
 
 Layer weights are a dict of float32 arrays named as params.checkpoint_layer_shapes names them (attn_norm, wq, wk,
-wv, wo, optional bq/bk/bv, mlp_norm, w_gate, w_up, w_down), each in the HF [out, in] layout.
+wv, wo, optional bq/bk/bv, mlp_norm, w_gate, w_up, w_down), each in the HF [out, in] layout: split_layers undoes
+the fused LlamaParams layers (model/params.py), since quantization scales and quantizes each checkpoint linear on
+its own (q, k, v, gate and up are separate tensors in an AWQ checkpoint).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxllm.config import ModelConfig
 from jaxllm.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from jaxllm.model.params import FUSED_FIELDS, LlamaParams, checkpoint_layer_shapes
 
 # tap name -> the linears that read it (one AWQ scaling group each; "o" is scaled only for MHA, see awq_layer.py)
 TAPS = {"qkv": ("wq", "wk", "wv"), "o": ("wo",), "gate_up": ("w_gate", "w_up"), "down": ("w_down",)}
@@ -73,3 +78,34 @@ def next_token_nll(final_norm: jax.Array, lm_head: jax.Array, x: jax.Array, toke
     logits = jnp.einsum("bth,vh->btv", h, lm_head, preferred_element_type=jnp.float32)  # [B, T-1, V]
     logp = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+
+
+def split_layers(params: LlamaParams, config: ModelConfig) -> list[dict[str, np.ndarray]]:
+    """Host float32 weights of every layer, q/k/v and gate/up apart."""
+    return [_split_layer(layer, config) for layer in params.layers]
+
+
+def _split_layer(layer, config: ModelConfig) -> dict[str, np.ndarray]:
+    shapes = checkpoint_layer_shapes(config)
+    out = {}
+    for field in (f.name for f in dataclasses.fields(layer)):
+        value = getattr(layer, field)
+        if value is None:
+            continue
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise ValueError(f"layer weight {field!r} is already in a packed format ({type(value).__name__}); "
+                             f"quantize a model with dense weights")
+        out[field] = np.asarray(value, dtype=np.float32)
+    for fused, parts in FUSED_FIELDS.items():
+        if fused in out:
+            cuts = np.cumsum([shapes[p][0] for p in parts])[:-1]
+            out.update(zip(parts, np.split(out.pop(fused), cuts, axis=0)))
+    return out
+
+
+def global_weights(params: LlamaParams) -> dict[str, np.ndarray]:
+    """embed [V, H], final_norm [H] and, when untied, lm_head [V, H], as host float32."""
+    out = {"embed": params.embed, "final_norm": params.final_norm}
+    if params.lm_head is not None:
+        out["lm_head"] = params.lm_head
+    return {name: np.asarray(value, dtype=np.float32) for name, value in out.items()}

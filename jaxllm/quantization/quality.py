@@ -20,8 +20,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.loaders import load_host_model
 from jaxllm.quantization import calibration
 from jaxllm.quantization.checkpoint import read_dequantized
-from jaxllm.quantization.dense_forward import embed_tokens, layer_output, next_token_nll
-from jaxllm.quantization.layer_weights import global_weights, split_layers
+from jaxllm.quantization.dense_forward import embed_tokens, global_weights, layer_output, next_token_nll, split_layers
 from jaxllm.quantization.quantize import check_group_size, quantize_loaded
 
 EVAL_SEQ_LEN = 512
@@ -46,7 +45,7 @@ class QualityReport:
 
 def perplexity(glob: dict, layers: list[dict], config: ModelConfig, sequences: np.ndarray) -> float:
     """exp(mean next-token NLL) over every position but the last of each sequence [S, T], from float weights
-    (layer_weights.py / checkpoint.read_dequantized dicts)."""
+    (dense_forward.split_layers / checkpoint.read_dequantized dicts)."""
     head = glob.get("lm_head", glob["embed"])  # [V, H]; tied models use the embedding
     total, count = 0.0, 0
     for tokens in calibration.chunks(sequences, TOKENS_PER_CHUNK):

@@ -13,12 +13,9 @@ for the error already made upstream. RTN skips the calibration entirely.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
-
-import numpy as np
 
 from jaxllm.config import ModelConfig
 from jaxllm.loaders import LoadedModel, load_host_model, resolve_model
@@ -26,9 +23,7 @@ from jaxllm.loaders.resolve import ModelSource
 from jaxllm.model.params import checkpoint_layer_shapes
 from jaxllm.quantization import calibration
 from jaxllm.quantization.awq_layer import METHODS, quantize_layer
-from jaxllm.quantization.checkpoint import LINEAR_NAMES, global_tensors, layer_tensors, write_tensors
-from jaxllm.quantization.hf_config import awq_config, generation_config
-from jaxllm.quantization.layer_weights import global_weights, split_layers
+from jaxllm.quantization.checkpoint import LINEAR_NAMES, global_tensors, layer_tensors, write_checkpoint
 
 TOKENS_PER_CHUNK = 4096  # calibration tokens per forward call: bounds activation memory, not the calibration size
 MAX_SEQ_LEN = 512
@@ -74,7 +69,7 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
     from tqdm.auto import tqdm
 
     from jaxllm.quantization.search import layer_tap_stats
-    from jaxllm.quantization.dense_forward import embed_tokens, layer_output
+    from jaxllm.quantization.dense_forward import embed_tokens, global_weights, layer_output, split_layers
 
     start = time.perf_counter()
     check_method(method)
@@ -103,18 +98,6 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
     tensors.update(global_tensors(glob))
     write_checkpoint(output_dir, tensors, loaded.source, config, group_size, tokenizer)
     return QuantizeSummary(output_dir, method, group_size, len(layers), tokens, time.perf_counter() - start, alphas)
-
-
-def write_checkpoint(output_dir: Path, tensors: dict[str, np.ndarray], source: ModelSource, config: ModelConfig,
-                     group_size: int, tokenizer) -> None:
-    """model.safetensors, config.json, generation_config.json (when the model has EOS ids), the tokenizer files."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_tensors(output_dir, tensors)
-    (output_dir / "config.json").write_text(json.dumps(awq_config(source, config, group_size), indent=2) + "\n")
-    generation = generation_config(source, config)
-    if generation is not None:
-        (output_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    tokenizer.save_pretrained(str(output_dir))
 
 
 def check_method(method: str) -> None:

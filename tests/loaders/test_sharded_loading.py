@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxllm.loaders import load_model, save_checkpoint
-from jaxllm.loaders.place import DevicePeak
+from jaxllm.benchmarks.load_memory import DevicePeak
 from jaxllm.model import tensor_parallel as tp
 from jaxllm.model.params import param_bytes
 from tests.tiny_models import write_gguf

@@ -15,8 +15,7 @@ from jaxllm.loaders import load_host_model
 from jaxllm.quantization.awq_format import unpack_awq
 from jaxllm.quantization.calibration import HELD_OUT_TEXT
 from jaxllm.quantization.checkpoint import read_dequantized
-from jaxllm.quantization.dense_forward import embed_tokens, layer_output
-from jaxllm.quantization.layer_weights import global_weights, split_layers
+from jaxllm.quantization.dense_forward import embed_tokens, global_weights, layer_output, split_layers
 from tests.tiny_models import AWQ_GROUP
 
 GROUP = AWQ_GROUP

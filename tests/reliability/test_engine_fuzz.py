@@ -9,7 +9,7 @@ runs alone on the idle engine: its solo output is the reference.
 
 Then JAXLLM_ENGINE_FUZZ_STEPS engine steps (CI default 3000; 10,000 or more for a thorough run) with random
 arrivals (a random output kind each, sometimes reusing the id of a request that ended), random aborts, and a
-drain every DRAIN_EVERY steps. After every step: BlockPool.check_invariants with the KV cache manager's block
+drain every DRAIN_EVERY steps. After every step: check_pool_invariants with the KV cache manager's block
 tables, block tables held exactly by the running requests and covering their computed tokens, and every cached
 block's hash equal to the hash of the tokens the request holding it has there. At every drain and at the end:
 all blocks free. Every request that was not aborted must equal its solo run (greedy and seeded sampling do not
@@ -31,6 +31,7 @@ from jaxllm.engine.block_pool import BlockPool
 from jaxllm.engine.engine import LLMEngine
 from jaxllm.engine.kv_cache_manager import hash_block
 from jaxllm.sampling_params import SamplingParams
+from tests.engine.pool_invariants import check_pool_invariants
 
 # About 60 steps/s on a 2-core CPU, checks included: the default 3000 take ~50 s, after ~20 s of solo runs that
 # also compile the programs.
@@ -203,7 +204,7 @@ def check_after_step(engine: LLMEngine) -> None:
     tokens, and cached blocks holding the tokens their hash says."""
     kv = engine.scheduler.kv_cache
     tables = kv.block_tables()
-    kv.pool.check_invariants(tables)
+    check_pool_invariants(kv.pool, tables)
     holders = {rid for rid, table in tables.items() if table}
     running = {r.request_id: r for r in engine.scheduler.running}
     assert holders == set(running), f"block tables of {sorted(holders)} but running {sorted(running)}"
@@ -489,7 +490,7 @@ def test_check_invariants_catches_each_kind_of_corruption(corrupt):
     tables = {"a": pool.allocate(3)}
     pool.register(tables["a"][0], b"h0")
     pool.free(pool.allocate(2))  # two blocks back in the free queue
-    pool.check_invariants(tables)  # consistent so far
+    check_pool_invariants(pool, tables)  # consistent so far
     corrupt(pool, tables)
     with pytest.raises(AssertionError):
-        pool.check_invariants(tables)
+        check_pool_invariants(pool, tables)

@@ -192,7 +192,7 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
         tokenizers.shutdown()
 
     no_docs = {} if docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
-    app = FastAPI(title="jaxllm", version=jaxllm_version(), lifespan=lifespan, **no_docs)
+    app = FastAPI(title="jaxllm", version=jaxllm.__version__, lifespan=lifespan, **no_docs)
     app.state.async_engine, app.state.metrics, app.state.models = async_engine, metrics, models
     app.state.completions = CompletionServing(async_engine, served_model_names, tokenizers, limits, models, options)
     app.state.chat = ChatServing(async_engine, served_model_names, tokenizers, limits, models, options, chat=chat)
@@ -213,19 +213,6 @@ def build_app(engine, served_model_names: list[str], *, api_key: str | None = No
     if tokenizer_info_endpoint:
         _add_tokenizer_info_route(app)
     return app
-
-
-def jaxllm_version() -> str:
-    return getattr(jaxllm, "__version__", None) or _package_version()
-
-
-def _package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("jaxllm")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -268,7 +255,7 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.get("/version")
     async def version():
-        return {"version": jaxllm_version()}
+        return {"version": jaxllm.__version__}
 
     @app.get("/metrics")
     async def metrics():
