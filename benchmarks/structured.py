@@ -10,7 +10,8 @@ validity    every constraint of CASES (JSON schemas of many shapes, json_object,
             when it finished with "stop" and passes a check independent of xgrammar: json.loads + jsonschema
             (formats checked), re.fullmatch for regexes, membership for choices, a Python recognizer (a regex, or
             a reduction for the one recursive grammar) for each EBNF grammar. "length" (cut by max_tokens) is
-            counted invalid and reported apart.
+            counted invalid and reported apart. Beside it, whether a fresh xgrammar matcher accepts the output's
+            tokens (so an output cut by max_tokens is at least a valid prefix).
 compile     GrammarCompiler (the engine's) on distinct 10-field JSON schemas (field names vary, so nothing is
             cached): ms from submit() to the compiled grammar, with the parse alone beside it; then the same
             schemas again: submit() with a new params object (as a new request brings; it parses again), with the
@@ -46,6 +47,7 @@ from typing import Any, Callable
 
 import jsonschema
 import numpy as np
+import xgrammar as xgr
 
 from jaxllm import LLM, SamplingParams
 from jaxllm.compile_counter import CompileCounter
@@ -262,58 +264,80 @@ def first_of_each_kind(items: list[Case], count: int) -> list[Case]:
     return [case for case in items if seen.update([case.kind]) or seen[case.kind] <= count]
 
 
-def validity_mode(llm: LLM, items: list[Case], no_whitespace: bool, seeded: bool, max_tokens: int,
-                  temperature: float) -> list[dict]:
+def validity_mode(llm: LLM, compiler: GrammarCompiler, items: list[Case], no_whitespace: bool, seeded: bool,
+                  max_tokens: int, temperature: float) -> list[dict]:
     """One chat run over items; a record per case: kind, name, finish reason, valid, tokens, why not valid."""
     params = [SamplingParams(max_tokens=max_tokens, structured_outputs=case.params(no_whitespace),
                              **(dict(temperature=temperature, seed=1000 + i) if seeded else dict(temperature=0.0)))
               for i, case in enumerate(items)]
     outputs = llm.chat([[{"role": "user", "content": case.prompt}] for case in items], params, use_tqdm=False)
-    return [judge(case, out.outputs[0]) for case, out in zip(items, outputs)]
+    compiled = [compiler.submit(p.structured_outputs).result() for p in params]
+    return [judge(case, out.outputs[0], grammar) for case, out, grammar in zip(items, outputs, compiled)]
 
 
-def judge(case: Case, completion) -> dict:
+def judge(case: Case, completion, compiled) -> dict:
+    """valid: finished "stop" and passes the case's check. matcher_ok: a fresh xgrammar matcher of the same
+    compiled grammar accepts every output token (EOS included) and, when it finished "stop", is terminated: the
+    engine never sampled a token its grammar forbids, even in an output cut by max_tokens."""
     record = dict(kind=case.kind, name=case.name, finish=completion.finish_reason, tokens=len(completion.token_ids),
-                  text=completion.text, valid=False, error=None)
+                  text=completion.text, valid=False, error=None, matcher_ok=matcher_accepts(compiled, completion))
     try:
         case.check(completion.text)
         record["valid"] = completion.finish_reason == "stop"
         if not record["valid"]:
             record["error"] = f"passes its check but finished {completion.finish_reason!r}"
     except (ValueError, AssertionError, jsonschema.ValidationError) as e:
-        record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        cut = "cut by max_tokens; " if completion.finish_reason == "length" else ""
+        record["error"] = f"{cut}{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     return record
+
+
+def matcher_accepts(compiled, completion) -> bool:
+    matcher = xgr.GrammarMatcher(compiled)
+    if not all(matcher.accept_token(token) for token in completion.token_ids):
+        return False
+    return completion.finish_reason != "stop" or matcher.is_terminated()
 
 
 def run_validity(llm: LLM, args) -> dict:
     """Every case in every mode (JSON schemas with and without free whitespace; the others once per sampling)."""
     all_cases = cases() if not args.cases else first_of_each_kind(cases(), args.cases)
-    results = {}
+    results, compiler = {}, grammar_compiler(llm)
     for seeded in (False, True):
         for no_ws in (False, True):
             items = [c for c in all_cases if c.kind == "json" or not no_ws]
             label = f"{'seeded' if seeded else 'greedy'}, {'no whitespace' if no_ws else 'any whitespace'}"
             start = time.perf_counter()
-            results[label] = validity_mode(llm, items, no_ws, seeded, args.max_tokens, args.temperature)
+            results[label] = validity_mode(llm, compiler, items, no_ws, seeded, args.max_tokens, args.temperature)
             print(f"validity {label}: {len(items)} requests in {time.perf_counter() - start:.1f} s, {load()}",
                   flush=True)
+    compiler.shutdown()
     return results
 
 
+def grammar_compiler(llm: LLM) -> GrammarCompiler:
+    """A compiler of the engine's vocabulary, apart from the engine's own (its cache is not touched)."""
+    engine = llm.engine
+    return GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
+
+
 def validity_table(results: dict) -> str:
-    lines = ["| mode | kind | valid / total | finish reasons | output tokens p50 / max |", "|---|---|---:|---|---:|"]
+    lines = ["| mode | kind | valid / total | finish reasons | fresh matcher accepts | output tokens p50 / max |",
+             "|---|---|---:|---|---:|---:|"]
     for label, records in results.items():
         for kind in dict.fromkeys(r["kind"] for r in records):
             rows = [r for r in records if r["kind"] == kind]
             finishes = ", ".join(f"{k} {v}" for k, v in Counter(r["finish"] for r in rows).most_common())
             tokens = [r["tokens"] for r in rows]
             lines.append(f"| {label} | {kind} | {sum(r['valid'] for r in rows)} / {len(rows)} | {finishes} | "
-                         f"{statistics.median(tokens):.0f} / {max(tokens)} |")
+                         f"{sum(r['matcher_ok'] for r in rows)} / {len(rows)} | {statistics.median(tokens):.0f} / "
+                         f"{max(tokens)} |")
     return "\n".join(lines)
 
 
 def invalid_report(results: dict) -> str:
-    return "\n".join(f"  {label} / {r['kind']} {r['name']}: finish {r['finish']}, {r['tokens']} tokens: {r['error']}; "
+    return "\n".join(f"  {label} / {r['kind']} {r['name']}: finish {r['finish']}, {r['tokens']} tokens, fresh matcher "
+                     f"accepts: {r['matcher_ok']}: {r['error']}; "
                      f"text {r['text'][:120]!r}{'...' if len(r['text']) > 120 else ''}"
                      for label, records in results.items() for r in records if not r["valid"])
 
@@ -363,9 +387,8 @@ def compile_once(compiler: GrammarCompiler, schema: dict, bitmask: np.ndarray) -
 
 
 def run_compile(llm: LLM, args) -> dict:
-    engine = llm.engine
-    compiler = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
-    bitmask = np.zeros((1, -(-engine.model_config.vocab_size // 32)), np.int32)
+    compiler = grammar_compiler(llm)
+    bitmask = np.zeros((1, -(-llm.engine.model_config.vocab_size // 32)), np.int32)
     start = time.perf_counter()
     compiler.submit(StructuredOutputsParams(json=ten_field_schema(-1))).result()
     first = ms(start)  # builds the vocabulary's TokenizerInfo once

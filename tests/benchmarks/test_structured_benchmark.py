@@ -51,6 +51,7 @@ def test_script_parts_on_a_tiny_model(tiny_model_with_tokenizer):
     assert [len(records) for records in results["validity"].values()] == [5, 1, 5, 1]  # one case of each kind
     for records in results["validity"].values():
         assert all(r["finish"] in ("stop", "length") and r["valid"] == (r["error"] is None) for r in records)
+        assert all(r["matcher_ok"] for r in records)  # the engine sampled no token its grammar forbids
     assert len(results["compile"]["rows"]) == 2 and results["compile"]["first_submit_ms"] > 0
     runs = results["throughput"]["runs"]
     assert list(runs) == ["warm-up", "pass 1"]
