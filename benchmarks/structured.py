@@ -22,11 +22,12 @@ throughput  --batch chat prompts constrained to one JSON schema (an array of exa
             of the same prompt (measured in the warm-up): both runs generate the same tokens per request, so they
             run the same steps at the same batch sizes and output tok/s compare like for like. Warm-up of both
             first (compiles excluded), then --passes of each, alternating; XLA compiles counted (CompileCounter)
-            in every measured run. `fill`: host time in the engine's _sample_constrained (bitmask filled from the
-            grammars, then the sampler sent), with RequestGrammar.fill and .accept apart; timed by wrapping them
-            here, not in the library. A run's steps are those the engine processed during it: the step a run
-            leaves in flight (dispatched ahead for requests that then ended) is processed by the next run, so an
-            unconstrained run after a constrained one shows one _sample_constrained call with no fill.
+            in every measured run, and the process's CPU time (all its threads: less stretched by other
+            processes than wall time, though not immune). `fill`: host time in the engine's _sample_constrained
+            (bitmask filled from the grammars, then the sampler sent), with RequestGrammar.fill and .accept apart;
+            timed by wrapping them here, not in the library. A run's steps are those the engine processed during
+            it: the step a run leaves in flight (dispatched ahead for requests that then ended) is processed by the
+            next run, so an unconstrained run after a constrained one shows one _sample_constrained call, no fill.
 
 The machine is shared: each part prints the load average (uptime) beside its figures; read the ratios of runs
 made side by side.
@@ -468,11 +469,11 @@ def timed_run(llm: LLM, prompts, params, timers: HostTimers) -> dict:
     timers.seconds.clear(), timers.calls.clear()
     steps = llm.engine.num_steps
     with CompileCounter() as compiles:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         outputs = llm.chat(prompts, params, use_tqdm=False)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     lengths = [len(out.outputs[0].token_ids) for out in outputs]
-    return dict(wall_s=wall, tokens=sum(lengths), tok_s=sum(lengths) / wall, lengths=lengths,
+    return dict(wall_s=wall, cpu_s=cpu, tokens=sum(lengths), tok_s=sum(lengths) / wall, lengths=lengths,
                 steps=llm.engine.num_steps - steps, compiles=compiles.count,
                 compiled=sorted({name for name, _ in compiles.events}),
                 finishes=dict(Counter(out.outputs[0].finish_reason for out in outputs)),
@@ -500,27 +501,31 @@ def run_throughput(llm: LLM, args) -> dict:
 
 def throughput_table(result: dict) -> str:
     lines = ["| run | workload | output tokens | steps | wall s | output tok/s | constrained / unconstrained | "
-             "XLA compiles | _sample_constrained ms x calls (fill, accept: ms in all) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "process CPU s (c / u) | XLA compiles | _sample_constrained ms x calls (fill, accept: ms in all) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for label, runs in result["runs"].items():
         ratio = runs["constrained"]["tok_s"] / runs["unconstrained"]["tok_s"]
+        cpu_ratio = runs["constrained"]["cpu_s"] / runs["unconstrained"]["cpu_s"]
         for kind, run in runs.items():
             host, calls = run["host_s"], run["host_calls"]
             fill = "-" if not calls.get("_sample_constrained") else (
                 f"{host['_sample_constrained'] / calls['_sample_constrained'] * 1e3:.2f} x "
                 f"{calls['_sample_constrained']} ({host.get('fill', 0) * 1e3:.0f}, {host.get('accept', 0) * 1e3:.0f})")
             lines.append(f"| {label} | {kind} | {run['tokens']} | {run['steps']} | {run['wall_s']:.2f} | "
-                         f"{run['tok_s']:.1f} | {ratio:.3f} | {run['compiles']} | {fill} |")
+                         f"{run['tok_s']:.1f} | {ratio:.3f} | {run['cpu_s']:.1f} ({cpu_ratio:.3f}) | "
+                         f"{run['compiles']} | {fill} |")
     return "\n".join(lines)
 
 
 def throughput_summary(result: dict) -> str:
     passes = [runs for label, runs in result["runs"].items() if label != "warm-up"]
     ratios = [r["constrained"]["tok_s"] / r["unconstrained"]["tok_s"] for r in passes]
+    cpu = [r["constrained"]["cpu_s"] / r["unconstrained"]["cpu_s"] for r in passes]
     lengths = {tuple(r["constrained"]["lengths"]) for r in result["runs"].values()}
     warm = result["runs"]["warm-up"]["constrained"]
     return (f"ratio constrained / unconstrained: median {statistics.median(ratios):.3f} (passes: "
-            f"{', '.join(f'{r:.3f}' for r in ratios)}); compiles in measured runs: "
+            f"{', '.join(f'{r:.3f}' for r in ratios)}); process CPU time constrained / unconstrained: median "
+            f"{statistics.median(cpu):.3f}; compiles in measured runs: "
             f"{sum(r[k]['compiles'] for r in passes for k in r)}; constrained lengths the same every run: "
             f"{len(lengths) == 1}; output tokens per request: min {min(warm['lengths'])}, median "
             f"{statistics.median(warm['lengths']):.0f}, max {max(warm['lengths'])}; finishes {warm['finishes']}")
