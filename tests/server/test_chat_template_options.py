@@ -46,7 +46,7 @@ def test_the_servers_template_and_variables(templated):
     own = "{% for m in messages %}{{ m.content | upper }}{% endfor %}"
     assert rendered(templated, chat_template=own) == "HI"
     reply = httpx.post(templated.url + "/v1/chat/completions", timeout=60, json={
-        "model": MODEL, "messages": HI, "max_tokens": 3, "chat_template": own, "tools": TOOLS,
+        "model": MODEL, "messages": HI, "max_tokens": 3, "chat_template": own, "tools": TOOLS, "tool_choice": "none",
         "chat_template_kwargs": {"enable_thinking": True}})
     assert reply.status_code == 200, reply.text
 
