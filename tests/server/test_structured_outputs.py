@@ -217,8 +217,8 @@ def test_the_constraint_is_parsed_on_a_tokenizer_worker_once(monkeypatch):
     """Off the event loop and the engine thread; the engine gets params already parsed."""
     threads = []
     parse = params_module._parse
-    monkeypatch.setattr(params_module, "_parse", lambda p: (threads.append(threading.current_thread().name),
-                                                            parse(p))[1])
+    monkeypatch.setattr(params_module, "_parse", lambda *key: (threads.append(threading.current_thread().name),
+                                                               parse(*key))[1])
     engine = EngineStub()
     serving = CompletionServing(engine, [MODEL], ServerTokenizer(SimpleNamespace()))  # a stand-in tokenizer
     request = CompletionRequest(prompt="x", structured_outputs={"regex": "[ab]+"})
