@@ -30,7 +30,11 @@ def cpu_ragged_paged_attention(
     query_start_loc: jax.Array,  # [S+1] int32
     *,
     sm_scale: float,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
+    if sliding_window is not None or logit_softcap is not None:
+        raise NotImplementedError("sliding_window and logit_softcap: the reference implements them so far")
     KERNEL.register()
     call = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     out = call(q.astype(jnp.float32), k_pool, v_pool, jnp.asarray(layer, jnp.int32),

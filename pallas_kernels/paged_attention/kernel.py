@@ -44,12 +44,16 @@ def ragged_paged_attention(
     *,
     max_query_len: int,
     sm_scale: float,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
     block_q: int | None = None,  # query tokens per tile; default: 64 rows
     block_kv: int = 64,  # keys per inner step
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]; padding tokens get zeros
+    if sliding_window is not None or logit_softcap is not None:
+        raise NotImplementedError("sliding_window and logit_softcap: the reference implements them so far")
     return ragged_paged_attention_into(
         jnp.zeros_like(q), q, k_pool, v_pool, layer, block_tables, context_lens, query_start_loc,
         max_query_len=max_query_len, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv, num_warps=num_warps,

@@ -13,6 +13,11 @@ Token j of sequence s lives in block block_tables[s, j // B] at offset j % B.
                  |<--- cached prefix --->|<---- q_len[s] ----->|
     query i of s sits at position context_lens[s] - q_len[s] + i and sees keys 0..that position (causal).
 
+Options (static Python values, as Hugging Face's Mistral / Gemma 2 / Gemma 3 define them; None: off):
+
+    sliding_window   W >= 1: the query at position p sees key j iff j <= p and p - j < W (its last W keys)
+    logit_softcap    c > 0: scores = c * tanh(scores * sm_scale / c) (scale first, then cap), before masking
+
 No size but the arrays' own reaches the compiler: the work is cut into pieces of fixed shape and the number of
 pieces is read from the data, in loops, so one program serves every mix of query lengths and context lengths.
 
@@ -20,12 +25,16 @@ pieces is read from the data, in loops, so one program serves every mix of query
     longer rows (prefill)    query tiles of QUERY_TILE consecutive tokens of one sequence, numbered back to back
                              over the sequences (as the Pallas ragged kernel does): [TQ, Hkv, G, D] per tile
 
-Each piece walks its keys KV_CHUNK_BLOCKS blocks at a time, from key 0 to the furthest key one of its queries may
-see, gathering those blocks straight from the pool and keeping an online softmax in float32. A decode row costs
-its own context rounded up to a chunk; a prefill chunk costs its own tiles.
+Each piece walks its keys KV_CHUNK_BLOCKS blocks at a time, from the chunk holding the first key one of its queries
+may see (key 0 without a window) to the furthest one, gathering those blocks straight from the pool and keeping an
+online softmax in float32. A decode row costs its own context (or its window) rounded up to a chunk; a prefill
+chunk costs its own tiles.
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,15 +56,18 @@ def ragged_paged_attention_reference(
     query_start_loc: jax.Array,  # [S+1] int32, non-decreasing; tokens past query_start_loc[S] are padding
     *,
     sm_scale: float,
+    sliding_window: int | None = None,  # static: each query sees its last sliding_window keys (itself included)
+    logit_softcap: float | None = None,  # static: scores capped to (-logit_softcap, logit_softcap) by tanh
 ) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
+    check_attention_options(sliding_window, logit_softcap)
     num_tokens, num_seqs = q.shape[0], block_tables.shape[0]
     chunk = min(KV_CHUNK_BLOCKS, block_tables.shape[1])
     tables = _pad_columns(block_tables, chunk)  # [S, MB'] with MB' a multiple of the chunk
     q_lens = query_start_loc[1:] - query_start_loc[:-1]  # [S]
-    kv = (k_pool, v_pool, layer, tables, chunk)
+    kv = KeySource(k_pool, v_pool, layer, tables, chunk, sm_scale, sliding_window, logit_softcap)
     is_decode = q_lens == 1  # [S]
-    decoded = _decode_rows(q, kv, context_lens, query_start_loc, is_decode, sm_scale)  # [S + R, Hq, D]
-    prefilled = _prefill_tiles(q, kv, context_lens, query_start_loc, q_lens, sm_scale)  # [T, Hq, D]
+    decoded = _decode_rows(q, kv, context_lens, query_start_loc, is_decode)  # [S + R, Hq, D]
+    prefilled = _prefill_tiles(q, kv, context_lens, query_start_loc, q_lens)  # [T, Hq, D]
 
     token = jnp.arange(num_tokens, dtype=jnp.int32)  # [T]
     row = jnp.clip(jnp.searchsorted(query_start_loc, token, side="right", method="compare_all") - 1, 0,
@@ -66,16 +78,44 @@ def ragged_paged_attention_reference(
     return jnp.where(is_query[:, None, None], out, 0).astype(q.dtype)
 
 
+def check_attention_options(sliding_window: int | None, logit_softcap: float | None) -> None:
+    """Reject option values no attention implementation accepts, naming the argument."""
+    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a Python int >= 1 or None, got {sliding_window!r}")
+    if logit_softcap is not None and (not isinstance(logit_softcap, (int, float)) or not logit_softcap > 0
+                                      or math.isinf(logit_softcap)):
+        raise ValueError(f"logit_softcap must be a finite Python number > 0 or None, got {logit_softcap!r}")
+
+
+def softcap_scores(scores: jax.Array, sm_scale: float, logit_softcap: float | None) -> jax.Array:
+    """scores * sm_scale, capped to (-logit_softcap, logit_softcap) by tanh when a cap is set; same shape."""
+    if logit_softcap is None:
+        return scores * sm_scale
+    return logit_softcap * jnp.tanh(scores * (sm_scale / logit_softcap))
+
+
+class KeySource(NamedTuple):
+    """Where the keys come from and how scores are made: the pools, their block tables and the static options."""
+    k_pool: jax.Array  # [L, N, Hkv, B, D]
+    v_pool: jax.Array  # [L, N, Hkv, B, D]
+    layer: jax.Array | int
+    tables: jax.Array  # [S, MB'] with MB' a multiple of chunk
+    chunk: int  # blocks per step of the key loop
+    sm_scale: float
+    sliding_window: int | None
+    logit_softcap: float | None
+
+
 def _pad_columns(block_tables: jax.Array, chunk: int) -> jax.Array:
     extra = -block_tables.shape[1] % chunk
     return jnp.pad(block_tables, ((0, 0), (0, extra))) if extra else block_tables  # null-block padding
 
 
-def _decode_rows(q, kv, context_lens, query_start_loc, is_decode, sm_scale) -> jax.Array:
+def _decode_rows(q, kv: KeySource, context_lens, query_start_loc, is_decode) -> jax.Array:
     """Rows with one query token, DECODE_ROWS at a time -> [S + R, Hq, D] float32, row i = the i-th decode row."""
     num_seqs = context_lens.shape[0]
     num_q_heads, head_dim = q.shape[1:]
-    num_kv_heads = kv[0].shape[2]
+    num_kv_heads = kv.k_pool.shape[2]
     group = min(DECODE_ROWS, num_seqs)
     rows = jnp.nonzero(is_decode, size=num_seqs + group, fill_value=0)[0]  # [S + R] decode rows first
     num_decode = jnp.sum(is_decode, dtype=jnp.int32)
@@ -88,7 +128,7 @@ def _decode_rows(q, kv, context_lens, query_start_loc, is_decode, sm_scale) -> j
         q_rows = q_rows.reshape(group, num_kv_heads, 1, -1, head_dim)  # [R, Hkv, 1, G, D]
         context = jnp.where(valid, context_lens[ids], 0)  # [R]
         q_pos = jnp.broadcast_to(context[:, None] - 1, (group, 1))  # [R, 1]: sees keys < context
-        res = _attend(q_rows, q_pos, context, kv, ids, sm_scale)  # [R, 1, Hq, D]
+        res = _attend(q_rows, q_pos, context, kv, ids)  # [R, 1, Hq, D]
         return lax.dynamic_update_slice(out, res[:, 0], (start, 0, 0))
 
     num_groups = (num_decode + group - 1) // group
@@ -96,7 +136,7 @@ def _decode_rows(q, kv, context_lens, query_start_loc, is_decode, sm_scale) -> j
     return lax.fori_loop(0, num_groups, attend_group, out)
 
 
-def _prefill_tiles(q, kv, context_lens, query_start_loc, q_lens, sm_scale) -> jax.Array:
+def _prefill_tiles(q, kv: KeySource, context_lens, query_start_loc, q_lens) -> jax.Array:
     """Rows with more than one query token, one tile at a time -> [T, Hq, D] float32 in token order.
 
     Tile i of a row covers its queries [i * TQ, (i + 1) * TQ); the last one may run past the row into later tokens.
@@ -104,7 +144,7 @@ def _prefill_tiles(q, kv, context_lens, query_start_loc, q_lens, sm_scale) -> ja
     decode or padding token's, which the caller does not take from here).
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = kv[0].shape[2]
+    num_kv_heads = kv.k_pool.shape[2]
     tile = min(QUERY_TILE, num_tokens)
     tiles_per_row = jnp.where(q_lens > 1, (q_lens + tile - 1) // tile, 0)  # [S]
     tile_ends = jnp.cumsum(tiles_per_row, dtype=jnp.int32)  # [S]
@@ -119,47 +159,76 @@ def _prefill_tiles(q, kv, context_lens, query_start_loc, q_lens, sm_scale) -> ja
         cached = context_lens[seq] - q_lens[seq]
         q_pos = cached + first + jnp.arange(tile, dtype=jnp.int32)[None]  # [1, TQ]
         kv_end = cached + jnp.minimum(first + tile, q_lens[seq])  # keys past the tile's last query: unseen
-        res = _attend(q_tile, q_pos, kv_end[None], kv, seq[None], sm_scale)  # [1, TQ, Hq, D]
+        res = _attend(q_tile, q_pos, kv_end[None], kv, seq[None])  # [1, TQ, Hq, D]
         return lax.dynamic_update_slice_in_dim(out, res[0], start, axis=0)
 
     out = jnp.zeros((num_tokens + tile, num_q_heads, head_dim), jnp.float32)
     return lax.fori_loop(0, tile_ends[-1], attend_tile, out)[:num_tokens]
 
 
-def _attend(q, q_pos, kv_end, kv, seqs, sm_scale) -> jax.Array:
+def _attend(q, q_pos, kv_end, kv: KeySource, seqs) -> jax.Array:
     """Causal attention of R pieces over their own sequences' keys, KV_CHUNK_BLOCKS blocks per loop step.
 
     q: [R, Hkv, Q, G, D] float32 (Q queries of one sequence per piece); q_pos: [R, Q] their positions; kv_end: [R]
     keys at or past it are unseen; seqs: [R] the sequence of each piece. Returns [R, Q, Hq, D] float32.
+    Each piece starts at the chunk of the first key its first query may see (chunk 0 without a window), so a
+    windowed piece reads its window, not its whole context.
     """
-    k_pool, v_pool, layer, tables, chunk = kv
     rows, num_kv_heads, num_q, group, head_dim = q.shape
-    block_size = k_pool.shape[3]
-    width = chunk * block_size  # keys per step
-    seq_tables = tables[seqs]  # [R, MB']
+    block_size = kv.k_pool.shape[3]
+    width = kv.chunk * block_size  # keys per step
+    seq_tables = kv.tables[seqs]  # [R, MB']
+    first_chunk = _first_chunks(q_pos, kv.sliding_window, width)  # [R] or None (every piece from chunk 0)
 
     def step(c, state):
         m, denom, acc = state  # [R, Hkv, Q, G], [R, Hkv, Q, G], [R, Hkv, Q, G, D]
-        blocks = lax.dynamic_slice_in_dim(seq_tables, c * chunk, chunk, axis=1)  # [R, CB]
-        k = k_pool[layer, blocks].astype(jnp.float32)  # [R, CB, Hkv, B, D]
-        v = v_pool[layer, blocks].astype(jnp.float32)
+        chunk_index = c if first_chunk is None else first_chunk + c  # scalar or [R]
+        blocks = _chunk_blocks(seq_tables, chunk_index, kv.chunk)  # [R, CB]
+        k = kv.k_pool[kv.layer, blocks].astype(jnp.float32)  # [R, CB, Hkv, B, D]
+        v = kv.v_pool[kv.layer, blocks].astype(jnp.float32)
         scores = _scores(q, k).reshape(rows, num_kv_heads, num_q, group, width)
-        k_pos = c * width + jnp.arange(width, dtype=jnp.int32)  # [C]
-        visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < kv_end[:, None, None])
+        k_pos = jnp.reshape(chunk_index, (-1, 1, 1)) * width + jnp.arange(width, dtype=jnp.int32)  # [R|1, 1, C]
+        visible = _visible(k_pos, q_pos[:, :, None], kv_end[:, None, None], kv.sliding_window)  # [R, Q, C]
         visible = visible[:, None, :, None, :]  # [R, 1, Q, 1, C]
-        scores = jnp.where(visible, scores * sm_scale, MASK_VALUE)
+        scores = jnp.where(visible, softcap_scores(scores, kv.sm_scale, kv.logit_softcap), MASK_VALUE)
         m_new = jnp.maximum(m, scores.max(axis=-1))
         alpha = jnp.exp(m - m_new)
         p = jnp.where(visible, jnp.exp(scores - m_new[..., None]), 0.0)  # [R, Hkv, Q, G, C]
-        pv = _weighted_values(p.reshape(*p.shape[:-1], chunk, block_size), v)
+        pv = _weighted_values(p.reshape(*p.shape[:-1], kv.chunk, block_size), v)
         return m_new, denom * alpha + p.sum(axis=-1), acc * alpha[..., None] + pv
 
-    num_steps = (jnp.max(kv_end) + width - 1) // width
+    end_chunks = (kv_end + width - 1) // width  # [R] chunks up to each piece's last key
+    num_steps = jnp.max(end_chunks if first_chunk is None else jnp.maximum(end_chunks - first_chunk, 0))
     init = (jnp.full(q.shape[:-1], MASK_VALUE, jnp.float32), jnp.zeros(q.shape[:-1], jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
     _, denom, acc = lax.fori_loop(0, num_steps, step, init)
     out = acc / jnp.where(denom > 0, denom, 1.0)[..., None]  # [R, Hkv, Q, G, D]; no visible key -> 0
     return out.transpose(0, 2, 1, 3, 4).reshape(rows, num_q, num_kv_heads * group, head_dim)
+
+
+def _first_chunks(q_pos, sliding_window: int | None, width: int) -> jax.Array | None:
+    """[R] the chunk holding the first key any query of each piece sees (q_pos [R, Q]); None without a window."""
+    if sliding_window is None:
+        return None
+    return jnp.maximum(q_pos.min(axis=1) - sliding_window + 1, 0) // width
+
+
+def _chunk_blocks(seq_tables, chunk_index, chunk: int) -> jax.Array:
+    """Block ids of chunk `chunk_index` (a scalar, or [R]: one per piece) of each piece's table [R, MB'] -> [R, CB].
+
+    Per-piece chunks past a table's end (pieces whose keys ran out earlier) read its last columns: masked keys."""
+    if jnp.ndim(chunk_index) == 0:
+        return lax.dynamic_slice_in_dim(seq_tables, chunk_index * chunk, chunk, axis=1)
+    cols = chunk_index[:, None] * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [R, CB]
+    return jnp.take_along_axis(seq_tables, jnp.minimum(cols, seq_tables.shape[1] - 1), axis=1)
+
+
+def _visible(k_pos, q_pos, kv_end, sliding_window: int | None) -> jax.Array:
+    """Whether each query sees each key: causal, before kv_end, and within the window when one is set."""
+    visible = (k_pos <= q_pos) & (k_pos < kv_end)
+    if sliding_window is not None:
+        visible &= q_pos - k_pos < sliding_window
+    return visible
 
 
 # XLA:CPU runs these dots several times slower with a size-1 query axis in them: decode pieces drop it.

@@ -57,12 +57,16 @@ def split_kv_paged_attention(
     *,
     max_query_len: int = 1,  # accepted for the reference's signature; must be 1
     sm_scale: float,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
     num_splits: int | None = None,  # default: default_num_splits(...)
     block_kv: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]; tokens of no sequence get zeros
+    if sliding_window is not None or logit_softcap is not None:
+        raise NotImplementedError("sliding_window and logit_softcap: the reference implements them so far")
     if max_query_len != 1:
         raise ValueError(f"split-KV attention is for decode-only steps (max_query_len 1), got {max_query_len}")
     check_shapes(q, k_pool, block_kv)

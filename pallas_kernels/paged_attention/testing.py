@@ -131,16 +131,19 @@ def poison_unused_slots(case: RaggedCase, fill: float) -> RaggedCase:
     return case._replace(k_pool=poison(case.k_pool), v_pool=poison(case.v_pool))
 
 
-def reference_output(case: RaggedCase, sm_scale: float) -> np.ndarray:
-    """The reference on the case with unused pool slots zeroed -> [T, Hq, D] float32."""
+def reference_output(case: RaggedCase, sm_scale: float, **options) -> np.ndarray:
+    """The reference on the case with unused pool slots zeroed -> [T, Hq, D] float32. options: sliding_window,
+    logit_softcap."""
     clean = poison_unused_slots(case, 0.0)
-    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale))
+    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale, **options))
     return np.asarray(attend(*clean.args()), np.float32)
 
 
-def dense_oracle(case: RaggedCase, sm_scale: float) -> np.ndarray:
+def dense_oracle(case: RaggedCase, sm_scale: float, sliding_window: int | None = None,
+                 logit_softcap: float | None = None) -> np.ndarray:
     """The attention contract spelled out token by token in float64 numpy -> [T, Hq, D]: slow, obviously right,
-    and independent of the reference's loops (the reference is tested against it)."""
+    and independent of the reference's loops (the reference is tested against it). The query at position p sees
+    keys max(0, p - sliding_window + 1) .. p; scores are capped as c * tanh(scores * sm_scale / c)."""
     q = np.asarray(case.q, np.float64)
     layer = int(case.layer)
     k_pool, v_pool = (np.asarray(p[layer], np.float64) for p in (case.k_pool, case.v_pool))  # [N, Hkv, B, D]
@@ -150,11 +153,15 @@ def dense_oracle(case: RaggedCase, sm_scale: float) -> np.ndarray:
     for s in range(tables.shape[0]):
         q_len = starts[s + 1] - starts[s]
         for i in range(q_len):
-            keys = np.arange(ctx[s] - q_len + i + 1)  # causal: every key up to the query's own position
+            pos = ctx[s] - q_len + i  # the query's position
+            first = 0 if sliding_window is None else max(0, pos - sliding_window + 1)
+            keys = np.arange(first, pos + 1)  # causal, within the window: [K]
             k = k_pool[tables[s, keys // block_size], :, keys % block_size]  # [K, Hkv, D]
             v = v_pool[tables[s, keys // block_size], :, keys % block_size]
             k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [K, Hq, D]
-            scores = np.einsum("hd,khd->hk", q[starts[s] + i], k) * sm_scale
+            scores = np.einsum("hd,khd->hk", q[starts[s] + i], k) * sm_scale  # [Hq, K]
+            if logit_softcap is not None:
+                scores = logit_softcap * np.tanh(scores / logit_softcap)
             p = np.exp(scores - scores.max(axis=1, keepdims=True))
             out[starts[s] + i] = np.einsum("hk,khd->hd", p / p.sum(axis=1, keepdims=True), v)
     return out

@@ -69,3 +69,73 @@ def _padded_case(seed, seqs, *, num_tokens, num_seqs, max_blocks):
     return random_ragged_case(seed, seqs, num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                               pad_seqs=num_seqs - len(seqs), pad_tokens=num_tokens - tokens,
                               pad_blocks=max_blocks - blocks, spare_blocks=100 - sum(-(-c // 16) for _, c in seqs))
+
+
+# Sliding windows (W) and logit soft-capping: windows below, equal to and above the contexts, windows that are not
+# a multiple of the block size (16) or of the key chunk, decode rows next to prompt chunks after cached prefixes.
+OPTION_CASES = [
+    ("w5_decode_and_chunks", [(1, 40), (9, 41), (1, 3), (20, 90)], dict(sliding_window=5), {}),
+    ("w16_equal_block", [(1, 16), (16, 16), (3, 70)], dict(sliding_window=16), {}),
+    ("w70_equals_a_context", [(1, 70), (5, 70), (1, 200)], dict(sliding_window=70), {}),
+    ("w100_longer_than_contexts", [(1, 40), (12, 60)], dict(sliding_window=100), {}),
+    ("w37_long_prompt_many_tiles", [(ref.QUERY_TILE * 2 + 7, CHUNK_TOKENS * 2 + 20), (1, CHUNK_TOKENS * 3)],
+     dict(sliding_window=37), {}),
+    ("softcap_only", [(1, 50), (7, 30)], dict(logit_softcap=2.0), {}),
+    ("w21_softcap_d128", [(1, 100), (13, 77), (0, 0)], dict(sliding_window=21, logit_softcap=5.0),
+     dict(head_dim=128, pad_seqs=1, pad_tokens=3)),
+    ("w50_softcap_d256_g4", [(1, 120), (6, 66)], dict(sliding_window=50, logit_softcap=30.0),
+     dict(head_dim=256, num_q_heads=8, num_kv_heads=2)),
+    ("w9_bf16", [(1, 45), (10, 30)], dict(sliding_window=9, logit_softcap=3.0), dict(dtype=jnp.bfloat16)),
+]
+
+
+@pytest.mark.parametrize("case_id,seqs,options,layout", OPTION_CASES, ids=[c[0] for c in OPTION_CASES])
+def test_options_match_dense_oracle(case_id, seqs, options, layout):
+    layout = dict(dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16), **layout)
+    case = random_ragged_case(len(case_id), seqs, **layout)
+    sm_scale = case.q.shape[-1] ** -0.5 * 4  # scores large enough for the cap to bite
+    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale, **options))
+    out = np.asarray(attend(*case.args()), np.float32)
+    valid = case.num_valid_tokens
+    assert np.all(out[valid:] == 0), "padding tokens must come out as zeros"
+    expected = dense_oracle(case, sm_scale, **options)
+    assert relative_error(out[:valid], expected[:valid]) < TOLERANCE[case.q.dtype]
+    if options.get("logit_softcap") or options["sliding_window"] < max(c for _, c in seqs):
+        unwindowed = dense_oracle(case, sm_scale)  # the options change the result: the case exercises them
+        assert relative_error(expected[:valid], unwindowed[:valid]) > 10 * TOLERANCE[case.q.dtype]
+
+
+@pytest.mark.parametrize("seqs", [[(1, 300)], [(40, 300)]], ids=["decode", "prompt_chunk"])
+def test_window_reads_no_chunk_before_it(seqs):
+    """Keys in the key chunks wholly before a piece's window are never read: NaN there leaves the result intact
+    (so a windowed step costs its window, not its context)."""
+    window = 20
+    case = random_ragged_case(3, seqs, num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16)
+    q_len, context = seqs[0]
+    first_key = context - q_len - window + 1  # the first key the chunk's first query sees
+    width = ref.KV_CHUNK_BLOCKS * 16
+    unread = first_key // width * width  # keys before the chunk holding it
+    assert unread >= width
+    poisoned = _poison_keys(case, 0, unread)
+    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=0.2, sliding_window=window))
+    out = np.asarray(attend(*poisoned.args()), np.float32)
+    assert not np.isnan(out).any()
+    assert relative_error(out, dense_oracle(case, 0.2, sliding_window=window)) < 1e-5
+
+
+def _poison_keys(case, seq: int, num_keys: int):
+    """The case with K and V of sequence seq's first num_keys tokens set to NaN."""
+    tables, block_size = np.asarray(case.block_tables), case.k_pool.shape[3]
+    tokens = np.arange(num_keys)
+    index = (case.layer, tables[seq, tokens // block_size], slice(None), tokens % block_size)
+    return case._replace(k_pool=case.k_pool.at[index].set(jnp.nan), v_pool=case.v_pool.at[index].set(jnp.nan))
+
+
+@pytest.mark.parametrize("options,argument", [(dict(sliding_window=0), "sliding_window"),
+                                              (dict(sliding_window=2.5), "sliding_window"),
+                                              (dict(logit_softcap=0.0), "logit_softcap"),
+                                              (dict(logit_softcap=-1.0), "logit_softcap")])
+def test_bad_options_are_rejected(options, argument):
+    case = random_ragged_case(0, [(1, 5)], num_q_heads=2, num_kv_heads=1, head_dim=32, block_size=16)
+    with pytest.raises(ValueError, match=argument):
+        ragged_paged_attention_reference(*case.args(), sm_scale=1.0, **options)
