@@ -48,8 +48,8 @@ def ragged_paged_attention(
     sliding_window: int | None = None,
     logit_softcap: float | None = None,
     block_q: int | None = None,  # query tokens per tile; default: 64 rows
-    block_kv: int = 64,  # keys per inner step
-    num_warps: int = 4,
+    block_kv: int | None = None,  # keys per inner step; default: default_knobs
+    num_warps: int | None = None,  # default: default_knobs
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]; padding tokens get zeros
@@ -68,8 +68,8 @@ def ragged_paged_attention_into(
     sliding_window: int | None = None,
     logit_softcap: float | None = None,
     block_q: int | None = None,
-    block_kv: int = 64,
-    num_warps: int = 4,
+    block_kv: int | None = None,
+    num_warps: int | None = None,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:
@@ -77,9 +77,12 @@ def ragged_paged_attention_into(
     num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k_pool.shape[2]
     group = num_q_heads // num_kv_heads
-    check_shapes(q, k_pool, block_kv)
     check_attention_options(sliding_window, logit_softcap)
     tq, gp = tile_shape(group, max_query_len, block_q)
+    default_block_kv, default_warps = default_knobs(q.shape[2], tq * gp)
+    block_kv = default_block_kv if block_kv is None else block_kv
+    num_warps = default_warps if num_warps is None else num_warps
+    check_shapes(q, k_pool, block_kv)
     tile_seq, tile_starts = _tile_schedule(query_start_loc, tq, num_tokens)
 
     kernel = functools.partial(_kernel, group=group, tq=tq, gp=gp, sm_scale=sm_scale, block_kv=block_kv,
@@ -104,6 +107,16 @@ def tile_shape(group: int, max_query_len: int, block_q: int | None) -> tuple[int
     gp = pow2_at_least(group)
     tq = min(pow2_at_least(block_q or 64 // gp), pow2_at_least(max_query_len))
     return tq, max(gp, 16 // tq)
+
+
+def default_knobs(head_dim: int, rows: int) -> tuple[int, int]:
+    """(block_kv, num_warps) for tiles of `rows` query rows: 64 keys and 4 warps, except for prefill tiles (more
+    than 16 rows) of heads over 128 wide, whose float32 accumulator and query rows would spill 4 warps' registers
+    at 64 keys (sm_90a, head 256, 64 rows: 255 registers and 36 B spilled); 32 keys and 8 warps keep them at about
+    170 registers with no spills and 96 KiB of shared memory."""
+    if head_dim > 128 and rows > 16:
+        return 32, 8
+    return 64, 4
 
 
 def _tile_schedule(query_start_loc: jax.Array, tq: int, num_tokens: int) -> tuple[jax.Array, jax.Array]:

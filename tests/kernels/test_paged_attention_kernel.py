@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.paged_attention import ragged_paged_attention
-from pallas_kernels.paged_attention.kernel import ragged_paged_attention_into, tile_shape
+from pallas_kernels.paged_attention.kernel import default_knobs, ragged_paged_attention_into, tile_shape
 from pallas_kernels.paged_attention.testing import (TOLERANCE, RaggedCase, poison_keys_before, poison_unused_slots,
                                                     random_ragged_case, reference_output, relative_error)
 
@@ -94,7 +94,7 @@ OPTION_CASES = [
     ("w21_small_tiles", [(11, 90), (1, 33), (6, 6)], dict(sliding_window=21, logit_softcap=5.0),
      dict(num_kv_heads=1), dict(block_q=2, block_kv=16)),
     ("softcap_d256", [(1, 50), (7, 30)], dict(logit_softcap=2.0), dict(head_dim=256), {}),
-    ("w37_softcap_d256_bf16", [(1, 120), (6, 66)], dict(sliding_window=37, logit_softcap=30.0),
+    ("w37_softcap_d256_bf16_64_rows", [(1, 120), (20, 66)], dict(sliding_window=37, logit_softcap=30.0),
      dict(head_dim=256, dtype=jnp.bfloat16), {}),
 ]
 
@@ -123,3 +123,12 @@ def test_window_skips_the_tiles_before_it():
                                  block_kv=block_kv, interpret=True)
     expected = reference_output(case, 0.2, sliding_window=window)
     assert relative_error(out, expected) < TOLERANCE[case.q.dtype]
+
+
+@pytest.mark.parametrize("head_dim,rows,expected", [
+    (64, 64, (64, 4)), (128, 64, (64, 4)), (128, 16, (64, 4)),  # heads up to 128: as they always were
+    (256, 16, (64, 4)),  # a decode tile of head 256 fits 4 warps at 64 keys
+    (256, 64, (32, 8)),  # a prefill tile of head 256 would spill there
+])
+def test_default_knobs(head_dim, rows, expected):
+    assert default_knobs(head_dim, rows) == expected
