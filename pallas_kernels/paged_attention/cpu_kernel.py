@@ -2,8 +2,9 @@
 
 The jnp reference gathers a copy of every key block it reads; this kernel reads the blocks where they lie in the
 pool, one (sequence, KV head, query tile) at a time on XLA's CPU threads. Same contract and arguments as
-`ragged_paged_attention_reference` (sliding_window and logit_softcap included), tested against it. The library is built at first use (pallas_kernels/
-native_build.py); `cpu_kernel_error()` says why it cannot be on this machine (None when it can).
+`ragged_paged_attention_reference` (sliding_window and logit_softcap included), tested against it. The library is
+built at first use (pallas_kernels/native_build.py); `cpu_kernel_error()` says why it cannot be on this machine
+(None when it can).
 """
 
 from __future__ import annotations

@@ -14,8 +14,11 @@ Grid. Tiles are numbered back to back over the sequences, and program (b, h) com
                                               programs of tiles past tile_starts[S] find no query and do nothing
 
 So a long prefill chunk next to many decode tokens costs its own tiles only, not max_query_len / TQ tiles for every
-sequence. Each program streams its sequence's KV blocks from key 0 up to the last key its final query row may see
-(causal) in tiles of block_kv tokens, with an online softmax in float32, and stores the valid rows. Rows of padding
+sequence. Each program streams its sequence's KV blocks from key 0 (with a sliding window: from the block_kv tile
+holding the first key its first query sees) up to the last key its final query row may see (causal) in tiles of
+block_kv tokens, with an online softmax in float32, and stores the valid rows. Soft-capping and the window mask are
+static options, compiled away when None. Prefill tiles of heads wider than 128 take 32 keys and 8 warps
+(`default_knobs`: at 64 keys they spill on sm_90a). Rows of padding
 tokens (past query_start_loc[S]) belong to no tile: the output starts as zeros and the kernel writes into it in place.
 """
 

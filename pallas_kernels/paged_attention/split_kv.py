@@ -11,7 +11,9 @@ GP >= 16 rows, G padded for Triton dots) and attends to keys [k * split, min((k 
     keys of s    |---- split 0 ----|---- split 1 ----|-- split 2 --|         (context_lens[s])
     programs          (s, h, 0)         (s, h, 1)       (s, h, 2)     (s, h, 3) .. : empty, no loads
 
-and stores, for the G real rows only (masked stores; the GP - G padding rows never reach memory), its
+With a sliding window the splits cut the window instead (from the block_kv tile holding the query's first visible
+key, `_keys_per_query`), so a windowed decode costs its window whatever the context. Each program stores, for the
+G real rows only (masked stores; the GP - G padding rows never reach memory), its
 softmax-normalized partial output and base-2 log-sum-exp:
 
     o_part [S, Hkv, NS, G, D] float32     0 for an empty split
