@@ -24,9 +24,7 @@ import math
 import numbers
 
 from jaxllm.outputs import Logprob
-from jaxllm.sampling_params import MAX_LOGPROBS, SAMPLING_EPS
-
-EARLY_STOPPING = (True, False, "never")
+from jaxllm.sampling_params import MAX_LOGPROBS
 
 
 @dataclasses.dataclass
@@ -60,8 +58,7 @@ class BeamSearchParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _require_real("temperature", self.temperature, ">= 0", lambda v: v >= 0)
         _require_real("length_penalty", self.length_penalty, "a finite number", lambda v: True)
-        if not any(self.early_stopping is e or (isinstance(e, str) and self.early_stopping == e)
-                   for e in EARLY_STOPPING):
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
 
     def candidates_per_beam(self, num_eos: int) -> int:
@@ -75,10 +72,6 @@ class BeamSearchParams:
             factor = k // self.beam_width
             raise ValueError(f"beam_width must be <= {MAX_LOGPROBS // factor} (each beam reads its {factor} x "
                              f"beam_width best tokens, at most {MAX_LOGPROBS}), got {self.beam_width}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < SAMPLING_EPS
 
 
 @dataclasses.dataclass
