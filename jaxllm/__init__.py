@@ -1,5 +1,6 @@
 """jaxllm: an LLM inference engine in JAX and Pallas."""
 
+from jaxllm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError, ModelNotFoundError
 from jaxllm.llm import LLM
@@ -10,5 +11,5 @@ from jaxllm.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "RequestOutput", "CompletionOutput", "ModelConfig", "ModelLoadError",
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "RequestOutput", "CompletionOutput", "ModelConfig", "ModelLoadError",
            "ModelNotFoundError", "LoadedModel", "load_model", "__version__"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
+from jaxllm import beam_search_steps
+from jaxllm.beam_search import BeamSearchOutput, BeamSearchParams
 from jaxllm.chat_renderer import ChatRenderer
 from jaxllm.chat_templates import load_chat_template, template_kwargs
 from jaxllm.engine.args import EngineArgs
@@ -77,6 +79,34 @@ class LLM:
                     raise ValueError(f"requests[{i}] key {key!r} is not supported: a request takes 'prompt', 'lora'")
         return self.generate([r["prompt"] for r in requests], sampling_params, use_tqdm=use_tqdm,
                              lora_request=[r.get("lora") for r in requests])
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """The beam_width best hypotheses of each prompt (a string, token ids or a prompt dict, as generate),
+        best first, in the order of `prompts`; the search is Hugging Face's generate(num_beams=beam_width,
+        length_penalty, early_stopping) (jaxllm/beam_search.py says where vLLM's differs). Every step runs the
+        running beams of all prompts together, one engine request each, sharing blocks through the prefix
+        cache."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        prompts = self._as_list(prompts)
+        loras = self._loras_per_prompt(lora_request, prompts)
+        eos = () if params.ignore_eos else self.engine.eos_token_ids
+        step_params = beam_search_steps.step_sampling_params(params, eos)
+        max_len = self.engine.scheduler_config.max_model_len
+        instances = [beam_search_steps.new_instance(self.engine.tokenize(p)[1], params, eos, max_len, lora)
+                     for p, lora in zip(prompts, loras)]
+        while batch := beam_search_steps.step_prompts(instances):
+            outputs = self.generate([{"prompt_token_ids": tokens} for _, tokens in batch], step_params,
+                                    use_tqdm=use_tqdm, lora_request=[inst.lora_request for inst, _ in batch])
+            beam_search_steps.advance_all(batch, outputs)
+        tokenizer = self.get_tokenizer()
+        return [BeamSearchOutput(beam_search_steps.decode_sequences(inst, tokenizer)) for inst in instances]
 
     def chat(
         self,

@@ -298,6 +298,10 @@ class LLMEngine:
         return self.processor.outputs_for(progressed)
 
     # ------------------------------------------------------------------ helpers
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """(the prompt's text if known, its token ids), checked as add_request checks them (ValueError)."""
+        return self._tokenize(prompt)
+
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
             _check_prompt_keys(prompt)

@@ -111,6 +111,8 @@ class SamplingRequest(RequestModel, StructuredOutputFields):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    use_beam_search: bool = False  # n beams; the n best hypotheses are the choices (beam_search.py)
+    length_penalty: float = 1.0  # beam search: hypotheses ranked by cum_logprob / generated_len ** length_penalty
 
     def requested_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs

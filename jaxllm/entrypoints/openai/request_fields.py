@@ -23,7 +23,6 @@ ANY = object()  # every value is accepted: the field changes nothing here
 
 # field -> the values that leave it unused (clients that send every default)
 _NOT_SUPPORTED_ANYWHERE: dict[str, tuple] = {
-    "use_beam_search": (False,), "length_penalty": (1.0,),
     "logits_processors": (None,), "cache_salt": (None,), "kv_transfer_params": (None,),
     "vllm_xargs": (None,), "mm_processor_kwargs": (None,),
     "watermarking": (None, False), "return_weight_versions": (False,),

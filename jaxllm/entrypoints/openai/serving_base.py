@@ -116,6 +116,9 @@ class ServingBase:
         field = unsupported_field(request.model_extra, self.request_kind)
         if field is not None:
             raise bad_request(f"{field} is not supported", field)
+        if not request.use_beam_search and request.length_penalty != 1.0:
+            raise bad_request("length_penalty needs use_beam_search (it only ranks beam search hypotheses)",
+                              "length_penalty")
         for name in ("n", "best_of"):
             value = getattr(request, name, None)
             if isinstance(value, int) and value > self.limits.max_n:

@@ -8,6 +8,7 @@ from typing import AsyncIterator
 
 from jinja2 import TemplateError
 
+from jaxllm.entrypoints.openai.beam_search import beam_search_streams
 from jaxllm.entrypoints.openai.chat_options import ChatOptions
 from jaxllm.entrypoints.openai.chat_reply import Reply, ReplyReader, ReplyStream
 from jaxllm.entrypoints.openai.errors import bad_request
@@ -43,8 +44,12 @@ class ChatServing(ServingBase):
         prompt_ids = prompt["prompt_token_ids"]
         if request.requested_max_tokens() is None:
             params = self.fit_default_max_tokens(params, len(prompt_ids))
-        streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params, lora_request,
-                                    request.priority)
+        if request.use_beam_search:
+            streams = beam_search_streams(self, random_id("chatcmpl"), request, [{"prompt_token_ids": prompt_ids}],
+                                          params, params.max_tokens, lora_request)
+        else:
+            streams = await self.submit(random_id("chatcmpl"), [{"prompt_token_ids": prompt_ids}], params,
+                                        lora_request, request.priority)
         request_id, model = request.response_id("chatcmpl"), self.response_model(lora_request)
         if request.stream:
             return self._stream(request_id, request, streams, model, prompt_ids, reader)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
+from jaxllm.entrypoints.openai.beam_search import beam_search_streams
 from jaxllm.entrypoints.openai.errors import OpenAIError
 from jaxllm.entrypoints.openai.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, \
     CompletionResponse, CompletionStreamChoice, CompletionStreamResponse, UsageInfo, random_id, usage
@@ -25,7 +26,10 @@ class CompletionServing(ServingBase):
         params = self.sampling_params(request, max_tokens, request.logprobs)
         prompts = [request.truncated({"prompt_token_ids": p} if isinstance(p, list) else await self.encode_prompt(p),
                                      self.max_model_len) for p in request.prompts()]
-        streams = await self.submit(random_id("cmpl"), prompts, params, lora_request, request.priority)
+        if request.use_beam_search:
+            streams = beam_search_streams(self, random_id("cmpl"), request, prompts, params, max_tokens, lora_request)
+        else:
+            streams = await self.submit(random_id("cmpl"), prompts, params, lora_request, request.priority)
         request_id, model = request.response_id("cmpl"), self.response_model(lora_request)
         if request.stream:
             return self._stream(request_id, request, streams, model)
