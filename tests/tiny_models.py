@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
-    Qwen2ForCausalLM
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 AWQ_GROUP = 16  # a quantization group size that divides every tiny model's input sizes (48, 64, 128)
 
@@ -27,18 +28,50 @@ VARIANTS = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=None)),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(
         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6)),
+    # the families of issue 29: windows shorter than the tests' contexts (5-7 tokens against 9-23), head sizes
+    # 16 to 256, soft-caps small enough to bite, every rope scaling type
+    "mistral_window": (MistralConfig, MistralForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=5)),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=1e6)),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, num_hidden_layers=3, rms_norm_eps=1e-6)),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
+        num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=5,
+        num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=100.0)})),
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=7, pad_token_id=None,
+        original_max_position_embeddings=64, rope_scaling=dict(
+            rope_type="longrope", short_factor=[1.0 + i / 16 for i in range(8)],
+            long_factor=[2.0 + i / 4 for i in range(8)], original_max_position_embeddings=64))),
+    "llama_linear": (LlamaConfig, LlamaForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, rope_scaling=dict(rope_type="linear", factor=3.0))),
+    "llama_dynamic": (LlamaConfig, LlamaForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, rope_scaling=dict(rope_type="dynamic", factor=4.0))),
+    "qwen2_yarn": (Qwen2Config, Qwen2ForCausalLM, dict(
+        num_attention_heads=2, num_key_value_heads=1, rope_theta=1e6, rope_scaling=dict(
+            rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=16.0))),
 }
+NEW_FAMILIES = ("mistral_window", "qwen3", "gemma2", "gemma3", "phi3")  # with windows, soft-caps, q/k norms
 
 
 def save_tiny_hf_model(variant: str, directory: Path):
     config_cls, model_cls, overrides = VARIANTS[variant]
     torch.manual_seed(sorted(VARIANTS).index(variant))
     model = model_cls(config_cls(**{**_COMMON, **overrides})).eval()
-    if variant == "qwen2":  # biases start at zero; make them matter
+    if variant.startswith("qwen2"):  # biases start at zero; make them matter
         with torch.no_grad():
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.5)
+    if variant in NEW_FAMILIES:  # norms start at 1 (Gemma: at 0, meaning 1); make their weights matter
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if "norm" in name:
+                    weight.add_(torch.randn_like(weight) * 0.3)
     model.save_pretrained(directory, safe_serialization=True)
     return directory, model
 
