@@ -25,7 +25,7 @@ from jaxllm.model.params import NORM_FIELDS, LlamaParams
 from jaxllm.optional_deps import MissingDependencyError
 from jaxllm.rope_scaling import LinearRopeScaling, LongRopeScaling, RopeScaling, read_rope_scaling
 
-SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
+SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
 # GGUF general.architecture -> jaxllm family (llama.cpp converts Mistral as llama, with its window in the metadata)
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                            "gemma3": "gemma3", "phi3": "phi3"}

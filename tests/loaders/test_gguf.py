@@ -16,7 +16,7 @@ from tests.tiny_models import permute_rope_rows, write_gguf
 
 GGUF_VARIANTS = ["llama2", "smollm2", "mistral", "qwen2"]  # llama3's rope scaling is a GGUF tensor: refused
 # Max abs weight error allowed, as a fraction of the tensor's max abs value, per storage type.
-QUANT_TOLERANCE = {Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 1e-2, Q.Q4_0: 0.15, Q.Q4_1: 0.15}
+QUANT_TOLERANCE = {Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 1e-2, Q.Q4_0: 0.15, Q.Q4_1: 0.15, Q.Q5_0: 0.08, Q.Q5_1: 0.08}
 
 
 def _leaves(params):
