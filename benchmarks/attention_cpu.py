@@ -2,11 +2,13 @@
 
     python benchmarks/attention_cpu.py [--batch-sizes 1 8 32 64] [--contexts 128 512 2048 4096] [--dtype float32]
                                        [--backends reference cpu] [--prefill]
+                                       [--sliding-window W] [--logit-softcap C]
 
 The attention shape is the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64), block size 16.
 `reference` is the jnp reference, `cpu` the C++ FFI kernel (cpu_kernel.cc); the backends of one shape run one
 after the other on the same inputs. Prints a markdown table: median milliseconds per layer call, the same times the
-model's 30 layers, and the KV bytes the call must read per second of its time. `--prefill` times steps with
+model's 30 layers, and the KV bytes the call must read per second of its time (with a window: of the keys in
+it). `--prefill` times steps with
 prompt chunks instead (PREFILL_STEPS), one column per backend.
 """
 
@@ -43,17 +45,19 @@ PREFILL_STEPS = {
 }
 
 
-def time_decode(backend: str, batch: int, context: int, dtype, repeats: int) -> tuple[float, int]:
-    """(median seconds per call, KV bytes read per call) for `batch` sequences of one query token each."""
-    sec = time_step(backend, [(1, context)] * batch, dtype, repeats)
-    kv_bytes = 2 * batch * context * LAYOUT["num_kv_heads"] * LAYOUT["head_dim"] * jnp.dtype(dtype).itemsize
+def time_decode(backend: str, batch: int, context: int, dtype, repeats: int, **options) -> tuple[float, int]:
+    """(median seconds per call, KV bytes read per call) for `batch` sequences of one query token each.
+    options: sliding_window, logit_softcap."""
+    sec = time_step(backend, [(1, context)] * batch, dtype, repeats, **options)
+    keys = min(context, options.get("sliding_window") or context)
+    kv_bytes = 2 * batch * keys * LAYOUT["num_kv_heads"] * LAYOUT["head_dim"] * jnp.dtype(dtype).itemsize
     return sec, kv_bytes
 
 
-def time_step(backend: str, seqs: list[tuple[int, int]], dtype, repeats: int) -> float:
+def time_step(backend: str, seqs: list[tuple[int, int]], dtype, repeats: int, **options) -> float:
     """Median seconds of one layer's attention call over sequences of (q_len, context_len)."""
     case = random_ragged_case(0, seqs, dtype=dtype, num_layers=1, **LAYOUT)
-    attend = jax.jit(functools.partial(BACKENDS[backend], sm_scale=LAYOUT["head_dim"] ** -0.5))
+    attend = jax.jit(functools.partial(BACKENDS[backend], sm_scale=LAYOUT["head_dim"] ** -0.5, **options))
     jax.block_until_ready(attend(*case.args()))
     times = []
     for _ in range(repeats):
@@ -63,11 +67,11 @@ def time_step(backend: str, seqs: list[tuple[int, int]], dtype, repeats: int) ->
     return statistics.median(times)
 
 
-def print_prefill(backends: list[str], dtype, repeats: int) -> None:
+def print_prefill(backends: list[str], dtype, repeats: int, **options) -> None:
     print("| step | " + " | ".join(f"{b}: ms / layer" for b in backends) + " |")
     print("|---|" + "---:|" * len(backends))
     for name, seqs in PREFILL_STEPS.items():
-        times = [time_step(backend, seqs, dtype, repeats) * 1e3 for backend in backends]
+        times = [time_step(backend, seqs, dtype, repeats, **options) * 1e3 for backend in backends]
         print(f"| {name} | " + " | ".join(f"{t:.2f}" for t in times) + " |", flush=True)
 
 
@@ -79,18 +83,22 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["reference", "cpu"], choices=sorted(BACKENDS))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--prefill", action="store_true", help="time steps with prompt chunks instead")
+    parser.add_argument("--sliding-window", type=int, default=None, help="attend to each query's last W keys")
+    parser.add_argument("--logit-softcap", type=float, default=None, help="soft-cap the attention scores")
     args = parser.parse_args()
+    options = dict(sliding_window=args.sliding_window, logit_softcap=args.logit_softcap)
 
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs, {args.dtype}\n")
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs, {args.dtype}, "
+          f"sliding_window {args.sliding_window}, logit_softcap {args.logit_softcap}\n")
     if args.prefill:
-        print_prefill(args.backends, jnp.dtype(args.dtype), args.repeats)
+        print_prefill(args.backends, jnp.dtype(args.dtype), args.repeats, **options)
         return
     print("| backend | batch | context | ms / layer | ms / step (30 layers) | KV read GB/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for batch in args.batch_sizes:
         for context in args.contexts:
             for backend in args.backends:
-                sec, kv_bytes = time_decode(backend, batch, context, jnp.dtype(args.dtype), args.repeats)
+                sec, kv_bytes = time_decode(backend, batch, context, jnp.dtype(args.dtype), args.repeats, **options)
                 ms = sec * 1e3
                 print(f"| {backend} | {batch} | {context} | {ms:.3f} | {ms * NUM_LAYERS:.1f} | "
                       f"{kv_bytes / sec / 1e9:.2f} |", flush=True)

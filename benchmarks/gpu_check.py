@@ -103,6 +103,8 @@ from jaxllm.sampling_params import SamplingParams  # noqa: E402
 DEFAULT_BUDGET_S = 480.0  # --budget-s: seconds from the process's start after which no measurement starts
 LLAMA3_8B_ATTN = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=BLOCK_SIZE)
 SMOLLM2_ATTN = dict(num_q_heads=9, num_kv_heads=3, head_dim=64)
+GEMMA2_9B_ATTN = dict(num_q_heads=16, num_kv_heads=8, head_dim=256)  # local layers: window 4096, soft-cap 50
+GEMMA2_LOCAL = dict(sliding_window=4096, logit_softcap=50.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +120,7 @@ class Profile:
     engine_output_len: int
     # kernel sections (gpu_check_kernels.py)
     attn: dict  # attention layout of the kernel benchmarks
-    correctness: tuple  # (name, kernels, [(q_len, context)], layout overrides)
+    correctness: tuple  # (name, kernels, [(q_len, context)], layout overrides[, attention options])
     decode: tuple  # (batch, context) per decode benchmark
     prefill: tuple  # (name, [(q_len, context)]) per prefill / mixed benchmark
     awq_shapes: tuple  # (K, N)
@@ -156,6 +158,13 @@ GPU = Profile(
         ("smollm2_decode", ("split_kv",), [(1, 500), (1, 3), (1, 2049)], SMOLLM2_ATTN),
         ("mha_block32", ("ragged", "split_kv"), [(1, 700), (1, 33)], dict(num_q_heads=8, num_kv_heads=8,
                                                                            block_size=32)),
+        ("gemma2_9b_local_decode", ("split_kv", "ragged"), [(1, c) for c in (1, 17, 4096, 4097, 6000)],
+         GEMMA2_9B_ATTN, GEMMA2_LOCAL),
+        ("gemma2_9b_local_mixed", ("ragged",), [(1, 5000), (128, 128), (300, 4500), (1, 30)], GEMMA2_9B_ATTN,
+         GEMMA2_LOCAL),
+        ("gemma2_9b_global_prefill", ("ragged",), [(1024, 2048), (1, 900)], GEMMA2_9B_ATTN, dict(logit_softcap=50.0)),
+        ("llama3_8b_window_999", ("ragged", "split_kv"), [(1, 3000), (1, 500), (1, 999)], {},
+         dict(sliding_window=999)),
     ),
     decode=((1, 4096), (64, 1024), (256, 2048)),
     prefill=(
@@ -192,7 +201,9 @@ SMOKE = Profile(
     engine_output_len=4,
     attn=dict(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=BLOCK_SIZE),
     correctness=(("tiny_mixed", ("ragged",), [(1, 40), (9, 20)], {}),
-                 ("tiny_decode", ("split_kv",), [(1, 40), (1, 3)], {})),
+                 ("tiny_decode", ("split_kv",), [(1, 40), (1, 3)], {}),
+                 ("tiny_window_softcap", ("split_kv",), [(1, 40), (1, 3)], {},
+                  dict(sliding_window=7, logit_softcap=5.0))),
     decode=((2, 64),),
     prefill=(("prompt 32", [(32, 32)]),),
     awq_shapes=((256, 40),),

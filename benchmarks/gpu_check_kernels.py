@@ -120,12 +120,13 @@ def median_call_seconds(fn, args, profile) -> float:
     return statistics.median(times)
 
 
-def kernel_fn(name: str, max_query_len: int, sm_scale: float, interpret: bool):
-    """Attention function (q, k_pool, v_pool, layer, tables, context_lens, query_start_loc) -> [T, Hq, D]."""
+def kernel_fn(name: str, max_query_len: int, sm_scale: float, interpret: bool, **options):
+    """Attention function (q, k_pool, v_pool, layer, tables, context_lens, query_start_loc) -> [T, Hq, D].
+    options: sliding_window, logit_softcap."""
     kernels = {"reference": ragged_paged_attention_reference, "ragged": ragged_paged_attention,
                "split_kv": split_kv_paged_attention}
     extra = {} if name == "reference" else dict(interpret=interpret, max_query_len=max_query_len)
-    return functools.partial(kernels[name], sm_scale=sm_scale, **extra)
+    return functools.partial(kernels[name], sm_scale=sm_scale, **extra, **options)
 
 
 def uniform_case(profile, seqs, dtype=jnp.bfloat16, **layout):
@@ -136,8 +137,10 @@ def uniform_case(profile, seqs, dtype=jnp.bfloat16, **layout):
 
 
 def section_correctness(ctx: Section) -> None:
-    """Each kernel on a NaN-poisoned pool vs the reference on the clean one; padding tokens must come out 0."""
-    for name, kernels, seqs, layout in ctx.profile.correctness:
+    """Each kernel on a NaN-poisoned pool vs the reference on the clean one; padding tokens must come out 0. A case's
+    optional fifth field holds attention options (sliding_window, logit_softcap), given to both."""
+    for name, kernels, seqs, layout, *rest in ctx.profile.correctness:
+        options = rest[0] if rest else {}
         for dtype in (jnp.bfloat16, jnp.float32):
             if not ctx.can_start():
                 return
@@ -145,12 +148,12 @@ def section_correctness(ctx: Section) -> None:
                                       **dict(ctx.profile.attn, **layout))
             sm_scale = case.q.shape[-1] ** -0.5
             with jax.default_matmul_precision("highest"):
-                expected = reference_output(case, sm_scale)
+                expected = reference_output(case, sm_scale, **options)
             poisoned = poison_unused_slots(case, float("nan"))
             tol = GPU_TOLERANCE[jnp.dtype(dtype).name]
             for kernel in kernels:
                 row = {"case": name, "kernel": kernel, "dtype": jnp.dtype(dtype).name, "tol": tol, "ok": False}
-                attend = jax.jit(kernel_fn(kernel, case.max_query_len, sm_scale, ctx.interpret))
+                attend = jax.jit(kernel_fn(kernel, case.max_query_len, sm_scale, ctx.interpret, **options))
                 ctx.measure(row, functools.partial(compare, attend, poisoned, expected, tol))
 
 

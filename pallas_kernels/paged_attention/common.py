@@ -81,23 +81,26 @@ def load_kv_tiles(k_ref, v_ref, layer, table_ref, seq, kv_head, start, end,
     return load(k_ref.at[index], mask=mask, other=0), load(v_ref.at[index], mask=mask, other=0)
 
 
-def attend_kv_range(q, q_pos, kv_start, kv_end, load_kv, *, scale: float, block_kv: int,
-                    state: SoftmaxState) -> SoftmaxState:
-    """Fold keys kv_start .. kv_end-1 into the online softmax of q, causally.
+def attend_kv_range(q, q_pos, kv_start, kv_end, load_kv, *, scale: float, block_kv: int, state: SoftmaxState,
+                    sliding_window: int | None = None, logit_softcap: float | None = None) -> SoftmaxState:
+    """Fold keys kv_start .. kv_end-1 into the online softmax of q, causally (and within the window, if any).
 
-    q: [M, D]; q_pos: [M] position of each row's query token (row r sees key j iff j <= q_pos[r]).
-    load_kv: tile start -> (k, v), each [block_kv, D]. scale: the softmax scale.
-    Runs cdiv(kv_end - kv_start, block_kv) steps, none when the range is empty.
+    q: [M, D]; q_pos: [M] position of each row's query token (row r sees key j iff j <= q_pos[r], and
+    q_pos[r] - j < sliding_window when a window is set). load_kv: tile start -> (k, v), each [block_kv, D].
+    scale: the softmax scale; logit_softcap: scores become c * tanh(scores * scale / c). Both options are static:
+    None compiles to the plain kernel. Runs cdiv(kv_end - kv_start, block_kv) steps, none when the range is empty;
+    the caller starts the range at the first key its first row may see.
     """
-    scale_log2 = scale * LOG2_E
 
     def step(i, s: SoftmaxState) -> SoftmaxState:
         start = kv_start + i * block_kv
         k, v = load_kv(start)  # [BK, D] each
         k_pos = start + jnp.arange(block_kv, dtype=jnp.int32)  # [BK]
         visible = (k_pos[None, :] < kv_end) & (k_pos[None, :] <= q_pos[:, None])  # [M, BK]
+        if sliding_window is not None:
+            visible &= q_pos[:, None] - k_pos[None, :] < sliding_window
         scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        scores = jnp.where(visible, scores * scale_log2, MASK_VALUE)  # [M, BK]
+        scores = jnp.where(visible, _log2_scores(scores, scale, logit_softcap), MASK_VALUE)  # [M, BK]
         m = jnp.maximum(s.m, scores.max(axis=1))  # [M]
         alpha = jnp.exp2(s.m - m)  # [M] rescales what was accumulated against the old max
         p = jnp.where(visible, jnp.exp2(scores - m[:, None]), 0.0)  # [M, BK]
@@ -106,3 +109,18 @@ def attend_kv_range(q, q_pos, kv_start, kv_end, load_kv, *, scale: float, block_
 
     num_steps = jax.lax.div(jnp.maximum(kv_end - kv_start + block_kv - 1, 0), block_kv)
     return jax.lax.fori_loop(0, num_steps, step, state)
+
+
+def window_start(first_pos, sliding_window: int | None, block_kv: int):
+    """Where the key loop of queries at positions >= first_pos starts: 0 without a window, else the start of the
+    block_kv tile (counted from key 0) holding the first key the query at first_pos sees, so tiles stay aligned."""
+    if sliding_window is None:
+        return 0
+    return jnp.maximum(first_pos - sliding_window + 1, 0) // block_kv * block_kv
+
+
+def _log2_scores(scores, scale: float, logit_softcap: float | None):
+    """Raw q.k scores [M, BK] -> the softmax's scores in base 2 (times log2(e)), soft-capped when a cap is set."""
+    if logit_softcap is None:
+        return scores * (scale * LOG2_E)
+    return jnp.tanh(scores * (scale / logit_softcap)) * (logit_softcap * LOG2_E)

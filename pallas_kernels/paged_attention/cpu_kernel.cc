@@ -7,7 +7,9 @@
 //
 // Sequence s owns the query tokens query_start_loc[s] .. query_start_loc[s+1], its last q_len tokens; query i sits
 // at position context_lens[s] - q_len + i and sees the keys 0 .. that position. Tokens past query_start_loc[S]
-// (padding) come out as zeros.
+// (padding) come out as zeros. Two attributes, 0 for off: sliding_window W (the query at position p sees only
+// keys p - W + 1 .. p; an item starts at the block holding its first query's first key) and logit_softcap c
+// (scores = c * tanh(scores * sm_scale / c)).
 //
 // Work items are (sequence, KV head, query tile): a tile holds up to kQueryTile consecutive tokens of one
 // sequence and the G = Hq / Hkv query heads that share the KV head, so each K/V block is read from the pool once
@@ -38,6 +40,12 @@ struct Item {
   int64_t first;  // first query of the tile, within the sequence's queries
   int64_t count;  // queries in the tile
   int64_t cost;   // keys read x query vectors, for longest-first ordering
+};
+
+struct Options {
+  float sm_scale;
+  int64_t sliding_window;  // 0: none
+  float logit_softcap;     // 0: none
 };
 
 struct Shapes {
@@ -107,6 +115,17 @@ inline void Scores(const float* q, const float* k, int64_t n, int64_t D, float* 
   for (int64_t j = 0; j < n; ++j) out[j] = Dot(q, k + j * D, D);
 }
 
+// s[i] = c * tanh(s[i] / c): the soft-cap of n scores already scaled by sm_scale.
+inline void SoftCap(float* s, int64_t n, float c) {
+  const float inv = 1.0f / c;
+  for (int64_t j = 0; j < n; ++j) s[j] = c * std::tanh(s[j] * inv);
+}
+
+// The first key the query at position pos sees: 0, or the start of its window.
+inline int64_t FirstKey(int64_t pos, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
+}
+
 // One online-softmax step of a query vector over n visible keys whose scores are in s (overwritten).
 inline void SoftmaxStep(float* s, const float* v, int64_t n, int64_t D, float& m, float& denom, float* acc) {
   float block_max = -INFINITY;
@@ -127,12 +146,12 @@ inline void SoftmaxStep(float* s, const float* v, int64_t n, int64_t D, float& m
   m = m_new;
 }
 
-// Attend one work item: its count x G query vectors against keys 0 .. its last query's position.
-// kD, kB: the head size and block size fixed at compile time (0: read from the shapes), so that the common ones
-// get fully unrolled loops.
+// Attend one work item: its count x G query vectors against keys 0 (or its first query's window start) .. its last
+// query's position. kD, kB: the head size and block size fixed at compile time (0: read from the shapes), so that
+// the common ones get fully unrolled loops.
 template <typename T, int64_t kD, int64_t kB>
 void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
-                const int32_t* tables, const int32_t* context_lens, const int32_t* starts, float sm_scale,
+                const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
                 float* out) {
   const int64_t D = kD > 0 ? kD : sh.head_dim, B = kB > 0 ? kB : sh.block_size;
   const int64_t G = sh.num_q_heads / sh.num_kv_heads;
@@ -151,11 +170,11 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
   buf.v.resize(B * D);
   for (int64_t t = 0; t < item.count; ++t) {
     const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
-    for (int64_t i = 0; i < G * D; ++i) buf.q[t * G * D + i] = src[i] * sm_scale;
+    for (int64_t i = 0; i < G * D; ++i) buf.q[t * G * D + i] = src[i] * opt.sm_scale;
   }
 
   const int64_t head_stride = B * D, block_stride = sh.num_kv_heads * head_stride;
-  for (int64_t b = 0; b * B < kv_end; ++b) {
+  for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
     const int64_t block = tables[item.seq * sh.max_blocks + b];
     if ((b + 1) * B < kv_end) {  // the next block lies anywhere in the pool: ask for it now
       const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
@@ -166,11 +185,14 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
     const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, buf.v);
     const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
     for (int64_t t = 0; t < item.count; ++t) {
-      const int64_t visible = std::min(keys, first_pos + t + 1 - b * B);  // causal: up to the query's position
+      const int64_t end = std::min(keys, first_pos + t + 1 - b * B);  // causal: up to the query's position
+      const int64_t begin = std::max<int64_t>(0, FirstKey(first_pos + t, opt.sliding_window) - b * B);
+      const int64_t visible = end - begin;  // keys begin .. end-1 of the block
       if (visible <= 0) continue;
       for (int64_t vec = t * G; vec < (t + 1) * G; ++vec) {
-        Scores(&buf.q[vec * D], k, visible, D, buf.scores.data());
-        SoftmaxStep(buf.scores.data(), v, visible, D, buf.m[vec], buf.denom[vec], &buf.acc[vec * D]);
+        Scores(&buf.q[vec * D], k + begin * D, visible, D, buf.scores.data());
+        if (opt.logit_softcap > 0.0f) SoftCap(buf.scores.data(), visible, opt.logit_softcap);
+        SoftmaxStep(buf.scores.data(), v + begin * D, visible, D, buf.m[vec], buf.denom[vec], &buf.acc[vec * D]);
       }
     }
   }
@@ -186,7 +208,7 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
 
 // The work items of a step, longest first; an error names the first input that breaks the contract.
 ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, const int32_t* context_lens,
-                     const int32_t* starts, std::vector<Item>& items) {
+                     const int32_t* starts, int64_t sliding_window, std::vector<Item>& items) {
   if (starts[0] < 0 || starts[num_seqs] > sh.num_tokens)
     return ffi::Error::InvalidArgument("query_start_loc runs outside the query tokens");
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -204,7 +226,8 @@ ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, 
     }
     for (int64_t first = 0; first < q_len; first += kQueryTile) {
       const int64_t count = std::min(kQueryTile, q_len - first);
-      const int64_t keys = context - q_len + first + count;
+      const int64_t first_pos = context - q_len + first;
+      const int64_t keys = first_pos + count - FirstKey(first_pos, sliding_window) / sh.block_size * sh.block_size;
       for (int64_t h = 0; h < sh.num_kv_heads; ++h) items.push_back({s, h, first, count, keys * count});
     }
   }
@@ -240,9 +263,10 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, Work work) {
 template <typename T>
 ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi::Buffer<ffi::F32> q,
                   ffi::AnyBuffer k_pool, ffi::AnyBuffer v_pool, int64_t layer, const int32_t* tables,
-                  const int32_t* context_lens, const int32_t* starts, float sm_scale, float* out) {
+                  const int32_t* context_lens, const int32_t* starts, const Options& opt, float* out) {
   std::vector<Item> items;
-  if (ffi::Error error = MakeItems(sh, num_seqs, tables, context_lens, starts, items); error.failure())
+  if (ffi::Error error = MakeItems(sh, num_seqs, tables, context_lens, starts, opt.sliding_window, items);
+      error.failure())
     return error;
   const int64_t layer_elems = sh.num_blocks * sh.num_kv_heads * sh.block_size * sh.head_dim;
   const T* k_layer = static_cast<const T*>(k_pool.untyped_data()) + layer * layer_elems;
@@ -251,13 +275,15 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
   std::memset(out, 0, sizeof(float) * sh.num_tokens * sh.num_q_heads * sh.head_dim);
   auto attend_all = [&](auto attend_item) {
     ParallelFor(pool, static_cast<int64_t>(items.size()), [&](int64_t i) {
-      attend_item(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, sm_scale, out);
+      attend_item(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, opt, out);
     });
   };
   if (sh.head_dim == 64 && sh.block_size == 16) {
     attend_all(AttendItem<T, 64, 16>);
   } else if (sh.head_dim == 128 && sh.block_size == 16) {
     attend_all(AttendItem<T, 128, 16>);
+  } else if (sh.head_dim == 256 && sh.block_size == 16) {
+    attend_all(AttendItem<T, 256, 16>);
   } else {
     attend_all(AttendItem<T, 0, 0>);
   }
@@ -267,8 +293,12 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
 ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_pool,
                                 ffi::AnyBuffer v_pool, ffi::Buffer<ffi::S32> layer,
                                 ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> context_lens,
-                                ffi::Buffer<ffi::S32> query_start_loc, float sm_scale,
-                                ffi::ResultBuffer<ffi::F32> out) {
+                                ffi::Buffer<ffi::S32> query_start_loc, float sm_scale, int64_t sliding_window,
+                                float logit_softcap, ffi::ResultBuffer<ffi::F32> out) {
+  if (sliding_window < 0) return ffi::Error::InvalidArgument("sliding_window must be >= 1 (0: none)");
+  if (!(logit_softcap >= 0.0f) || std::isinf(logit_softcap))
+    return ffi::Error::InvalidArgument("logit_softcap must be finite and > 0 (0: none)");
+  const Options opt{sm_scale, sliding_window, logit_softcap};
   const auto qd = q.dimensions(), pd = k_pool.dimensions(), td = block_tables.dimensions();
   if (qd.size() != 3 || pd.size() != 5 || td.size() != 2 || v_pool.dimensions().size() != 5)
     return ffi::Error::InvalidArgument("q must be [T, Hq, D], the pools [L, N, Hkv, B, D], block_tables [S, MB]");
@@ -286,10 +316,10 @@ ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
                 *starts = query_start_loc.typed_data();
   switch (k_pool.element_type()) {
     case ffi::F32:
-      return Attend<float>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, sm_scale,
+      return Attend<float>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, opt,
                            out->typed_data());
     case ffi::BF16:
-      return Attend<uint16_t>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, sm_scale,
+      return Attend<uint16_t>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, opt,
                               out->typed_data());
     default:
       return ffi::Error::InvalidArgument("the KV pool must be float32 or bfloat16");
@@ -309,5 +339,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmRaggedPagedAttention, RaggedPagedAttention,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // context_lens
                                   .Arg<ffi::Buffer<ffi::S32>>()  // query_start_loc
                                   .Attr<float>("sm_scale")
+                                  .Attr<int64_t>("sliding_window")  // 0: none
+                                  .Attr<float>("logit_softcap")     // 0: none
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
 );

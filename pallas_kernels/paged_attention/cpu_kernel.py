@@ -2,8 +2,9 @@
 
 The jnp reference gathers a copy of every key block it reads; this kernel reads the blocks where they lie in the
 pool, one (sequence, KV head, query tile) at a time on XLA's CPU threads. Same contract and arguments as
-`ragged_paged_attention_reference`, tested against it. The library is built at first use (pallas_kernels/
-native_build.py); `cpu_kernel_error()` says why it cannot be on this machine (None when it can).
+`ragged_paged_attention_reference` (sliding_window and logit_softcap included), tested against it. The library is
+built at first use (pallas_kernels/native_build.py); `cpu_kernel_error()` says why it cannot be on this machine
+(None when it can).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.native_build import CpuTarget
+from pallas_kernels.paged_attention.reference import check_attention_options
 
 KERNEL = CpuTarget(Path(__file__).with_name("cpu_kernel.cc"), "JaxllmRaggedPagedAttention",
                    "jaxllm_ragged_paged_attention")
@@ -33,13 +35,13 @@ def cpu_ragged_paged_attention(
     sliding_window: int | None = None,
     logit_softcap: float | None = None,
 ) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
-    if sliding_window is not None or logit_softcap is not None:
-        raise NotImplementedError("sliding_window and logit_softcap: the reference implements them so far")
+    check_attention_options(sliding_window, logit_softcap)
     KERNEL.register()
     call = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     out = call(q.astype(jnp.float32), k_pool, v_pool, jnp.asarray(layer, jnp.int32),
                block_tables.astype(jnp.int32), context_lens.astype(jnp.int32), query_start_loc.astype(jnp.int32),
-               sm_scale=np.float32(sm_scale))
+               sm_scale=np.float32(sm_scale), sliding_window=np.int64(sliding_window or 0),
+               logit_softcap=np.float32(logit_softcap or 0.0))  # 0: off
     return out.astype(q.dtype)
 
 

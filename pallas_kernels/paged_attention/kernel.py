@@ -14,8 +14,11 @@ Grid. Tiles are numbered back to back over the sequences, and program (b, h) com
                                               programs of tiles past tile_starts[S] find no query and do nothing
 
 So a long prefill chunk next to many decode tokens costs its own tiles only, not max_query_len / TQ tiles for every
-sequence. Each program streams its sequence's KV blocks from key 0 up to the last key its final query row may see
-(causal) in tiles of block_kv tokens, with an online softmax in float32, and stores the valid rows. Rows of padding
+sequence. Each program streams its sequence's KV blocks from key 0 (with a sliding window: from the block_kv tile
+holding the first key its first query sees) up to the last key its final query row may see (causal) in tiles of
+block_kv tokens, with an online softmax in float32, and stores the valid rows. Soft-capping and the window mask are
+static options, compiled away when None. Prefill tiles of heads wider than 128 take 32 keys and 8 warps
+(`default_knobs`: at 64 keys they spill on sm_90a). Rows of padding
 tokens (past query_start_loc[S]) belong to no tile: the output starts as zeros and the kernel writes into it in place.
 """
 
@@ -28,7 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.paged_attention.common import (SoftmaxState, attend_kv_range, check_shapes, load_kv_tiles,
-                                                   load_query_rows)
+                                                   load_query_rows, window_start)
+from pallas_kernels.paged_attention.reference import check_attention_options
 from pallas_kernels.sizes import pow2_at_least
 from pallas_kernels.triton_compat import compiler_params, store
 
@@ -47,16 +51,15 @@ def ragged_paged_attention(
     sliding_window: int | None = None,
     logit_softcap: float | None = None,
     block_q: int | None = None,  # query tokens per tile; default: 64 rows
-    block_kv: int = 64,  # keys per inner step
-    num_warps: int = 4,
+    block_kv: int | None = None,  # keys per inner step; default: default_knobs
+    num_warps: int | None = None,  # default: default_knobs
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]; padding tokens get zeros
-    if sliding_window is not None or logit_softcap is not None:
-        raise NotImplementedError("sliding_window and logit_softcap: the reference implements them so far")
     return ragged_paged_attention_into(
         jnp.zeros_like(q), q, k_pool, v_pool, layer, block_tables, context_lens, query_start_loc,
-        max_query_len=max_query_len, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv, num_warps=num_warps,
+        max_query_len=max_query_len, sm_scale=sm_scale, sliding_window=sliding_window, logit_softcap=logit_softcap,
+        block_q=block_q, block_kv=block_kv, num_warps=num_warps,
         num_stages=num_stages, interpret=interpret)
 
 
@@ -65,9 +68,11 @@ def ragged_paged_attention_into(
     q, k_pool, v_pool, layer, block_tables, context_lens, query_start_loc, *,  # as in ragged_paged_attention
     max_query_len: int,
     sm_scale: float,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
     block_q: int | None = None,
-    block_kv: int = 64,
-    num_warps: int = 4,
+    block_kv: int | None = None,
+    num_warps: int | None = None,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:
@@ -75,11 +80,16 @@ def ragged_paged_attention_into(
     num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k_pool.shape[2]
     group = num_q_heads // num_kv_heads
-    check_shapes(q, k_pool, block_kv)
+    check_attention_options(sliding_window, logit_softcap)
     tq, gp = tile_shape(group, max_query_len, block_q)
+    default_block_kv, default_warps = default_knobs(q.shape[2], tq * gp)
+    block_kv = default_block_kv if block_kv is None else block_kv
+    num_warps = default_warps if num_warps is None else num_warps
+    check_shapes(q, k_pool, block_kv)
     tile_seq, tile_starts = _tile_schedule(query_start_loc, tq, num_tokens)
 
-    kernel = functools.partial(_kernel, group=group, tq=tq, gp=gp, sm_scale=sm_scale, block_kv=block_kv)
+    kernel = functools.partial(_kernel, group=group, tq=tq, gp=gp, sm_scale=sm_scale, block_kv=block_kv,
+                               sliding_window=sliding_window, logit_softcap=logit_softcap)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         kernel,
@@ -102,6 +112,16 @@ def tile_shape(group: int, max_query_len: int, block_q: int | None) -> tuple[int
     return tq, max(gp, 16 // tq)
 
 
+def default_knobs(head_dim: int, rows: int) -> tuple[int, int]:
+    """(block_kv, num_warps) for tiles of `rows` query rows: 64 keys and 4 warps, except for prefill tiles (more
+    than 16 rows) of heads over 128 wide, whose float32 accumulator and query rows would spill 4 warps' registers
+    at 64 keys (sm_90a, head 256, 64 rows: 255 registers and 36 B spilled); 32 keys and 8 warps keep them at about
+    170 registers with no spills and 96 KiB of shared memory."""
+    if head_dim > 128 and rows > 16:
+        return 32, 8
+    return 64, 4
+
+
 def _tile_schedule(query_start_loc: jax.Array, tq: int, num_tokens: int) -> tuple[jax.Array, jax.Array]:
     """(tile_seq [NT], tile_starts [S+1]) as in the module docstring.
 
@@ -118,7 +138,7 @@ def _tile_schedule(query_start_loc: jax.Array, tq: int, num_tokens: int) -> tupl
 
 
 def _kernel(layer_ref, tables_ref, context_lens_ref, query_start_ref, tile_seq_ref, tile_starts_ref,
-            q_ref, k_ref, v_ref, _, o_ref, *, group, tq, gp, sm_scale, block_kv):
+            q_ref, k_ref, v_ref, _, o_ref, *, group, tq, gp, sm_scale, block_kv, sliding_window, logit_softcap):
     tile, kv_head = pl.program_id(0), pl.program_id(1)
     seq = tile_seq_ref[tile]
     q_start = query_start_ref[seq]
@@ -133,12 +153,15 @@ def _kernel(layer_ref, tables_ref, context_lens_ref, query_start_ref, tile_seq_r
     heads = kv_head * group + g  # [M]
     q = load_query_rows(q_ref, q_start + t, heads, valid)  # [M, D]
 
-    # Keys 0 .. kv_end-1: up to the last valid query of the tile; none for tiles past the sequence's queries.
+    # Keys kv_start .. kv_end-1: from the first key the tile's first query may see (0 without a window) up to its
+    # last valid query; none for tiles past the sequence's queries.
+    kv_start = window_start(cached + first, sliding_window, block_kv)
     kv_end = jnp.where(first < q_len, cached + jnp.minimum(first + tq, q_len), 0)
     layer = layer_ref[0]
     load_kv = lambda start: load_kv_tiles(k_ref, v_ref, layer, tables_ref, seq, kv_head, start, kv_end, block_kv)
-    state = attend_kv_range(q, cached + t, 0, kv_end, load_kv, scale=sm_scale, block_kv=block_kv,
-                            state=SoftmaxState.init(tq * gp, q.shape[1]))
+    state = attend_kv_range(q, cached + t, kv_start, kv_end, load_kv, scale=sm_scale, block_kv=block_kv,
+                            state=SoftmaxState.init(tq * gp, q.shape[1]), sliding_window=sliding_window,
+                            logit_softcap=logit_softcap)
 
     # Invalid rows address other sequences' tokens, other KV heads' query heads or nothing: they stay unwritten.
     dims = jnp.arange(o_ref.shape[-1], dtype=jnp.int32)[None, :]  # [1, D]

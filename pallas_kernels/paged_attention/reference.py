@@ -197,8 +197,10 @@ def _attend(q, q_pos, kv_end, kv: KeySource, seqs) -> jax.Array:
         pv = _weighted_values(p.reshape(*p.shape[:-1], kv.chunk, block_size), v)
         return m_new, denom * alpha + p.sum(axis=-1), acc * alpha[..., None] + pv
 
-    end_chunks = (kv_end + width - 1) // width  # [R] chunks up to each piece's last key
-    num_steps = jnp.max(end_chunks if first_chunk is None else jnp.maximum(end_chunks - first_chunk, 0))
+    if first_chunk is None:
+        num_steps = (jnp.max(kv_end) + width - 1) // width
+    else:
+        num_steps = jnp.max(jnp.maximum((kv_end + width - 1) // width - first_chunk, 0))  # the longest piece's
     init = (jnp.full(q.shape[:-1], MASK_VALUE, jnp.float32), jnp.zeros(q.shape[:-1], jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
     _, denom, acc = lax.fori_loop(0, num_steps, step, init)

@@ -11,7 +11,9 @@ GP >= 16 rows, G padded for Triton dots) and attends to keys [k * split, min((k 
     keys of s    |---- split 0 ----|---- split 1 ----|-- split 2 --|         (context_lens[s])
     programs          (s, h, 0)         (s, h, 1)       (s, h, 2)     (s, h, 3) .. : empty, no loads
 
-and stores, for the G real rows only (masked stores; the GP - G padding rows never reach memory), its
+With a sliding window the splits cut the window instead (from the block_kv tile holding the query's first visible
+key, `_keys_per_query`), so a windowed decode costs its window whatever the context. Each program stores, for the
+G real rows only (masked stores; the GP - G padding rows never reach memory), its
 softmax-normalized partial output and base-2 log-sum-exp:
 
     o_part [S, Hkv, NS, G, D] float32     0 for an empty split
@@ -37,7 +39,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.paged_attention.common import (SoftmaxState, attend_kv_range, check_shapes, load_kv_tiles,
-                                                   load_query_rows)
+                                                   load_query_rows, window_start)
+from pallas_kernels.paged_attention.reference import check_attention_options
 from pallas_kernels.sizes import pow2_at_least
 from pallas_kernels.triton_compat import compiler_params, store
 
@@ -65,18 +68,27 @@ def split_kv_paged_attention(
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]; tokens of no sequence get zeros
-    if sliding_window is not None or logit_softcap is not None:
-        raise NotImplementedError("sliding_window and logit_softcap: the reference implements them so far")
     if max_query_len != 1:
         raise ValueError(f"split-KV attention is for decode-only steps (max_query_len 1), got {max_query_len}")
     check_shapes(q, k_pool, block_kv)
+    check_attention_options(sliding_window, logit_softcap)
     num_seqs, max_blocks = block_tables.shape
     num_kv_heads, block_size = k_pool.shape[2], k_pool.shape[3]
-    num_splits, split = split_plan(num_seqs, num_kv_heads, max_blocks * block_size, block_kv, num_splits)
+    num_splits, split = split_plan(num_seqs, num_kv_heads, _keys_per_query(max_blocks * block_size, sliding_window,
+                                                                           block_kv), block_kv, num_splits)
     o_part, lse = _partials(q, k_pool, v_pool, layer, block_tables, context_lens, query_start_loc,
                             num_splits=num_splits, split=split, sm_scale=sm_scale, block_kv=block_kv,
+                            sliding_window=sliding_window, logit_softcap=logit_softcap,
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return _combine(o_part, lse, query_start_loc, q)
+
+
+def _keys_per_query(max_context: int, sliding_window: int | None, block_kv: int) -> int:
+    """The most keys one decode query's splits must cover: its context, or at most its window rounded out to
+    whole KV tiles on both sides (the window's first tile starts at a tile boundary)."""
+    if sliding_window is None:
+        return max_context
+    return min(max_context, (pl.cdiv(sliding_window, block_kv) + 1) * block_kv)
 
 
 def default_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, block_kv: int) -> int:
@@ -117,7 +129,7 @@ def partial_bytes(num_seqs: int, num_kv_heads: int, num_splits: int, group: int,
 
 
 def _partials(q, k_pool, v_pool, layer, block_tables, context_lens, query_start_loc, *, num_splits, split, sm_scale,
-              block_kv, num_warps, num_stages, interpret):
+              block_kv, num_warps, num_stages, interpret, sliding_window=None, logit_softcap=None):
     """The split kernel: (o_part [S, Hkv, NS, G, D], lse [S, Hkv, NS, G]), both float32, every element stored once."""
     num_q_heads, head_dim = q.shape[1:]
     num_kv_heads = k_pool.shape[2]
@@ -125,7 +137,8 @@ def _partials(q, k_pool, v_pool, layer, block_tables, context_lens, query_start_
     group = num_q_heads // num_kv_heads
     gp = max(16, pow2_at_least(group))
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    kernel = functools.partial(_kernel, group=group, gp=gp, split=split, sm_scale=sm_scale, block_kv=block_kv)
+    kernel = functools.partial(_kernel, group=group, gp=gp, split=split, sm_scale=sm_scale, block_kv=block_kv,
+                               sliding_window=sliding_window, logit_softcap=logit_softcap)
     return pl.pallas_call(
         kernel,
         grid=(num_seqs, num_kv_heads, num_splits),
@@ -140,7 +153,7 @@ def _partials(q, k_pool, v_pool, layer, block_tables, context_lens, query_start_
 
 
 def _kernel(layer_ref, tables_ref, context_lens_ref, query_start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
-            group, gp, split, sm_scale, block_kv):
+            group, gp, split, sm_scale, block_kv, sliding_window, logit_softcap):
     seq, kv_head, split_idx = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     token = query_start_ref[seq]
     has_query = query_start_ref[seq + 1] > token
@@ -149,12 +162,15 @@ def _kernel(layer_ref, tables_ref, context_lens_ref, query_start_ref, q_ref, k_r
     g = jnp.arange(gp, dtype=jnp.int32)  # [GP]
     q = load_query_rows(q_ref, jnp.full((gp,), token), kv_head * group + g, (g < group) & has_query)  # [GP, D]
 
-    kv_start = split_idx * split
+    # Splits cover the keys from the window's first tile (key 0 without a window) to the context's end.
+    first_key = window_start(context - 1, sliding_window, block_kv)
+    kv_start = first_key + split_idx * split
     kv_end = jnp.minimum(kv_start + split, context)  # <= kv_start for splits past the context: no steps
     layer = layer_ref[0]
     load_kv = lambda start: load_kv_tiles(k_ref, v_ref, layer, tables_ref, seq, kv_head, start, kv_end, block_kv)
     state = attend_kv_range(q, jnp.full((gp,), context - 1), kv_start, kv_end, load_kv, scale=sm_scale,
-                            block_kv=block_kv, state=SoftmaxState.init(gp, q.shape[1]))
+                            block_kv=block_kv, state=SoftmaxState.init(gp, q.shape[1]),
+                            sliding_window=sliding_window, logit_softcap=logit_softcap)
     _store_rows(o_ref, lse_ref, (seq, kv_head, split_idx), g, g < group, state)
 
 

@@ -171,3 +171,13 @@ def relative_error(actual: jax.Array, expected: jax.Array) -> float:
     """max |actual - expected| / max |expected|, in float32."""
     actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
     return float(np.abs(actual - expected).max() / max(np.abs(expected).max(), 1e-30))
+
+
+def poison_keys_before(case: RaggedCase, seq: int, num_keys: int, fill: float = float("nan")) -> RaggedCase:
+    """The case with K and V of sequence seq's first num_keys tokens (in the case's layer) set to `fill`.
+
+    An implementation that skips the keys wholly before a window never reads them: its result stays finite."""
+    tables, block_size = np.asarray(case.block_tables), case.k_pool.shape[3]
+    tokens = np.arange(num_keys)
+    index = (int(case.layer), tables[seq, tokens // block_size], slice(None), tokens % block_size)
+    return case._replace(k_pool=case.k_pool.at[index].set(fill), v_pool=case.v_pool.at[index].set(fill))

@@ -1,4 +1,5 @@
-"""Every Pallas kernel at Llama-3-8B and -70B shapes, compiled for an H200 (sm_90a) at its default settings: each
+"""Every Pallas kernel at Llama-3-8B and -70B shapes (the attention kernels also at Gemma 2 / Gemma 3 shapes, head
+size 256, and with sliding windows and soft-capping), compiled for an H200 (sm_90a) at its default settings: each
 launch must fit sm_90 (at most 255 registers per thread, no spills, at most 227 KiB of shared memory per block,
 at least one resident block per SM).
 
@@ -22,11 +23,11 @@ BF16, I32 = jnp.bfloat16, jnp.int32
 SCALE = 128 ** -0.5
 
 
-def attention_args(tokens, seqs, context, q_heads, kv_heads=8, layers=32, blocks=4096, dtype=BF16):
+def attention_args(tokens, seqs, context, q_heads, kv_heads=8, layers=32, blocks=4096, dtype=BF16, head_dim=128):
     """q [T, Hq, D], k/v pools [L, N, Hkv, B, D], layer, block tables [S, MB], context lens [S], starts [S+1]."""
     s = jax.ShapeDtypeStruct
-    pool = s((layers, blocks, kv_heads, 16, 128), dtype)
-    return (s((tokens, q_heads, 128), dtype), pool, pool, s((), I32), s((seqs, -(-context // 16)), I32),
+    pool = s((layers, blocks, kv_heads, 16, head_dim), dtype)
+    return (s((tokens, q_heads, head_dim), dtype), pool, pool, s((), I32), s((seqs, -(-context // 16)), I32),
             s((seqs,), I32), s((seqs + 1,), I32))
 
 
@@ -43,8 +44,16 @@ def lora_args(tokens, k, n, rank, slots=4):
 split = functools.partial(split_kv_paged_attention, sm_scale=SCALE)
 
 
-def ragged(max_query_len):
-    return functools.partial(ragged_paged_attention, max_query_len=max_query_len, sm_scale=SCALE)
+def ragged(max_query_len, **options):
+    return functools.partial(ragged_paged_attention, max_query_len=max_query_len, sm_scale=SCALE, **options)
+
+
+# Gemma 2 (9B: 16 query heads, 8 KV heads of 256, 42 layers) attends locally in every other layer (window 4096)
+# and soft-caps its scores at 50; Gemma 3 (4B: 8 query heads, 4 KV heads of 256, window 1024) only windows;
+# Mistral-7B has Llama's head shape with a window of 4096.
+GEMMA2 = dict(sliding_window=4096, logit_softcap=50.0)
+gemma2_args = functools.partial(attention_args, q_heads=16, kv_heads=8, layers=42, head_dim=256)
+gemma3_args = functools.partial(attention_args, q_heads=8, kv_heads=4, layers=34, head_dim=256)
 
 
 CASES = {  # name -> (kernel name prefix, function, abstract args)
@@ -56,6 +65,21 @@ CASES = {  # name -> (kernel name prefix, function, abstract args)
     "ragged 8B mixed T512": ("ragged", ragged(512), attention_args(512, 64, 2048, 32)),  # the engine: mql = T
     "ragged 8B prefill T2048": ("ragged", ragged(2048), attention_args(2048, 1, 2048, 32)),
     "ragged 70B prefill T2048": ("ragged", ragged(2048), attention_args(2048, 1, 2048, 64, layers=80)),
+    "split_kv gemma2-9B b1 ctx8192 window softcap": ("split_kv", functools.partial(split, **GEMMA2),
+                                                      gemma2_args(1, 1, 8192)),
+    "split_kv gemma2-9B b64 ctx4096 softcap": ("split_kv", functools.partial(split, logit_softcap=50.0),
+                                               gemma2_args(64, 64, 4096)),
+    "split_kv gemma3-4B b1 ctx32768 window1024": ("split_kv", functools.partial(split, sliding_window=1024),
+                                                  gemma3_args(1, 1, 32768)),
+    "split_kv mistral-7B b1 ctx16384 window": ("split_kv", functools.partial(split, sliding_window=4096),
+                                               attention_args(1, 1, 16384, 32)),
+    "ragged gemma2-9B decode b64 ctx4096": ("ragged", ragged(1, **GEMMA2), gemma2_args(64, 64, 4096)),
+    "ragged gemma2-9B mixed T512 window softcap": ("ragged", ragged(512, **GEMMA2), gemma2_args(512, 64, 8192)),
+    "ragged gemma2-9B prefill T2048 softcap": ("ragged", ragged(2048, logit_softcap=50.0),
+                                               gemma2_args(2048, 1, 2048)),
+    "ragged gemma3-4B prefill T2048": ("ragged", ragged(2048), gemma3_args(2048, 1, 2048)),
+    "ragged mistral-7B mixed T512 window": ("ragged", ragged(512, sliding_window=4096),
+                                            attention_args(512, 64, 8192, 32)),
     "awq 8B M1 qkv": ("awq", awq_matmul, awq_args(1, 4096, 6144)),
     "awq 8B M1 gate_up": ("awq", awq_matmul, awq_args(1, 4096, 28672)),
     "awq 8B M1 down": ("awq", awq_matmul, awq_args(1, 14336, 4096)),

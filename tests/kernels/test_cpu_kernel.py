@@ -17,8 +17,8 @@ import pytest
 
 from jaxllm.compile_counter import CompileCounter
 from pallas_kernels.paged_attention.cpu_kernel import cpu_kernel_error, cpu_ragged_paged_attention
-from pallas_kernels.paged_attention.testing import (dense_oracle, poison_unused_slots, random_ragged_case,
-                                                    reference_output, relative_error)
+from pallas_kernels.paged_attention.testing import (dense_oracle, poison_keys_before, poison_unused_slots,
+                                                    random_ragged_case, reference_output, relative_error)
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU kernel")
 TILE = 32  # cpu_kernel.cc's kQueryTile
@@ -35,9 +35,9 @@ CASES = [
 ]
 
 
-def _attend(case, sm_scale):
-    return np.asarray(jax.jit(functools.partial(cpu_ragged_paged_attention, sm_scale=sm_scale))(*case.args()),
-                      np.float32)
+def _attend(case, sm_scale, **options):
+    attend = jax.jit(functools.partial(cpu_ragged_paged_attention, sm_scale=sm_scale, **options))
+    return np.asarray(attend(*case.args()), np.float32)
 
 
 def test_the_kernel_builds_here():
@@ -97,3 +97,52 @@ def test_inputs_outside_the_contract_are_errors(field, value, message):
     case = case._replace(**{field: bad(getattr(case, field))})
     with pytest.raises(Exception, match=message):
         _attend(case, 0.125)
+
+
+# Sliding windows and soft-capping against the reference and the oracle: windows below, at and above the contexts,
+# not multiples of the block (16); decode rows beside prompt chunks after cached prefixes, across query tiles; head
+# sizes 64, 128 and 256 (the unrolled paths) and 32 (the generic one); bfloat16 pools.
+OPTION_CASES = [
+    ("w5_mixed", [(1, 40), (9, 41), (1, 3), (20, 90)], dict(sliding_window=5), {}),
+    ("w16_softcap_many_tiles", [(TILE * 2 + 7, 100), (1, 16), (16, 16)], dict(sliding_window=16, logit_softcap=2.0),
+     {}),
+    ("w70_at_a_context_d128", [(1, 70), (5, 70), (1, 150), (0, 0)], dict(sliding_window=70),
+     dict(head_dim=128, pad_tokens=3)),
+    ("w100_above_contexts_d32_b32", [(1, 40), (12, 60)], dict(sliding_window=100), dict(head_dim=32, block_size=32)),
+    ("softcap_d256", [(1, 50), (7, 30)], dict(logit_softcap=2.0), dict(head_dim=256)),
+    ("w37_softcap_d256", [(1, 120), (40, 66)], dict(sliding_window=37, logit_softcap=30.0), dict(head_dim=256)),
+    ("w21_softcap_bf16", [(1, 100), (13, 77)], dict(sliding_window=21, logit_softcap=5.0), dict(dtype=jnp.bfloat16)),
+]
+
+
+@pytest.mark.parametrize("case_id,seqs,options,layout", OPTION_CASES, ids=[c[0] for c in OPTION_CASES])
+def test_options_match_reference_and_oracle(case_id, seqs, options, layout):
+    layout = dict(dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16), **layout)
+    case = random_ragged_case(len(case_id), seqs, **layout)
+    sm_scale = case.q.shape[-1] ** -0.5 * 4  # scores large enough for the cap to bite
+    out = _attend(case, sm_scale, **options)
+    valid = case.num_valid_tokens
+    assert np.all(out[valid:] == 0), "padding tokens must come out as zeros"
+    tolerance = 2e-2 if case.q.dtype == jnp.bfloat16 else 1e-5
+    assert relative_error(out, reference_output(case, sm_scale, **options)) < tolerance
+    assert relative_error(out[:valid], dense_oracle(case, sm_scale, **options)[:valid]) < tolerance
+
+
+def test_keys_before_the_window_never_reach_the_result():
+    """NaN in the blocks wholly before each item's window never reaches the result: keys outside a query's window
+    are left out, not weighted by zero."""
+    window = 20
+    case = random_ragged_case(6, [(9, 200), (1, 150)], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16)
+    poisoned = poison_keys_before(case, 0, (200 - 9 - window + 1) // 16 * 16)
+    poisoned = poison_keys_before(poisoned, 1, (150 - window) // 16 * 16)
+    out = _attend(poisoned, 0.2, sliding_window=window)
+    assert not np.isnan(out).any()
+    assert relative_error(out, reference_output(case, 0.2, sliding_window=window)) < 1e-5
+
+
+@pytest.mark.parametrize("options,argument", [(dict(sliding_window=0), "sliding_window"),
+                                              (dict(logit_softcap=-2.0), "logit_softcap")])
+def test_bad_options_are_rejected(options, argument):
+    case = random_ragged_case(0, [(1, 5)], num_q_heads=2, num_kv_heads=1, head_dim=32, block_size=16)
+    with pytest.raises(ValueError, match=argument):
+        _attend(case, 1.0, **options)

@@ -39,6 +39,22 @@ def test_split_kv_kernel_lowers_to_triton(layout, dtype):
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 
+GEMMA2_2B = dict(num_q_heads=8, num_kv_heads=4, head_dim=256, block_size=16)
+
+
+@pytest.mark.parametrize("options", [{}, dict(sliding_window=37), dict(sliding_window=4096, logit_softcap=50.0)],
+                         ids=["plain", "window", "window_softcap"])
+@pytest.mark.parametrize("layout", [GEMMA2_2B, SMOLLM2], ids=["gemma2_2b", "smollm2"])
+def test_attention_options_lower_to_triton(layout, options):
+    """Both kernels with a sliding window and soft-capping, at head sizes 256 and 64 (bfloat16)."""
+    case = random_ragged_case(0, [(1, 40), (17, 17), (5, 90)], dtype=jnp.bfloat16, **layout)
+    ragged = functools.partial(ragged_paged_attention, max_query_len=case.max_query_len, sm_scale=0.1, **options)
+    decode = random_ragged_case(0, [(1, 40), (1, 300)], dtype=jnp.bfloat16, **layout)
+    split = functools.partial(split_kv_paged_attention, sm_scale=0.1, num_splits=4, **options)
+    for fn, args in ((ragged, case.args()), (split, decode.args())):
+        assert lower_for_cuda(jax.jit(fn), *args).count("__gpu$xla.gpu.triton") == 1
+
+
 @pytest.mark.parametrize("num_tokens", [4, 64], ids=["decode_small_m", "prefill_large_m"])
 def test_awq_model_step_lowers_with_one_int4_kernel_per_linear(num_tokens):
     """The whole forward of an int4 AWQ model (bf16 activations) lowered for CUDA: each of a layer's four linears

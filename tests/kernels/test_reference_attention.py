@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels.paged_attention import ragged_paged_attention_reference, reference as ref
-from pallas_kernels.paged_attention.testing import dense_oracle, random_ragged_case, relative_error
+from pallas_kernels.paged_attention.testing import (dense_oracle, poison_keys_before, random_ragged_case,
+                                                    relative_error)
 from jaxllm.compile_counter import CompileCounter
 
 CHUNK_TOKENS = ref.KV_CHUNK_BLOCKS * 16
@@ -116,19 +117,11 @@ def test_window_reads_no_chunk_before_it(seqs):
     width = ref.KV_CHUNK_BLOCKS * 16
     unread = first_key // width * width  # keys before the chunk holding it
     assert unread >= width
-    poisoned = _poison_keys(case, 0, unread)
+    poisoned = poison_keys_before(case, 0, unread)
     attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=0.2, sliding_window=window))
     out = np.asarray(attend(*poisoned.args()), np.float32)
     assert not np.isnan(out).any()
     assert relative_error(out, dense_oracle(case, 0.2, sliding_window=window)) < 1e-5
-
-
-def _poison_keys(case, seq: int, num_keys: int):
-    """The case with K and V of sequence seq's first num_keys tokens set to NaN."""
-    tables, block_size = np.asarray(case.block_tables), case.k_pool.shape[3]
-    tokens = np.arange(num_keys)
-    index = (case.layer, tables[seq, tokens // block_size], slice(None), tokens % block_size)
-    return case._replace(k_pool=case.k_pool.at[index].set(jnp.nan), v_pool=case.v_pool.at[index].set(jnp.nan))
 
 
 @pytest.mark.parametrize("options,argument", [(dict(sliding_window=0), "sliding_window"),

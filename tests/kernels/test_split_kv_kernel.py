@@ -16,8 +16,8 @@ from pallas_kernels.paged_attention import split_kv_paged_attention
 from pallas_kernels.paged_attention.reference import MASK_VALUE
 from pallas_kernels.paged_attention.split_kv import (MIN_SPLIT_KEYS, TARGET_PROGRAMS, _partials, default_num_splits,
                                                      partial_bytes, split_plan)
-from pallas_kernels.paged_attention.testing import (TOLERANCE, poison_unused_slots, random_ragged_case,
-                                                    reference_output, relative_error)
+from pallas_kernels.paged_attention.testing import (TOLERANCE, poison_keys_before, poison_unused_slots,
+                                                    random_ragged_case, reference_output, relative_error)
 
 # Contexts against splits of 32 keys (3 splits of a 96-key table, block_kv 16): 0 (a padded sequence in place),
 # 1, exact multiples of the split (32, 64, the whole table 96), shorter than one split (17), a ragged tail (95).
@@ -41,8 +41,8 @@ def run_kernel(case, sm_scale, **knobs) -> np.ndarray:
     return np.asarray(kernel(*poison_unused_slots(case, float("nan")).args()), np.float32)
 
 
-def check_against_reference(case, out: np.ndarray, sm_scale: float) -> None:
-    expected = reference_output(case, sm_scale)
+def check_against_reference(case, out: np.ndarray, sm_scale: float, **options) -> None:
+    expected = reference_output(case, sm_scale, **options)
     valid = case.num_valid_tokens
     assert not np.isnan(out).any()
     assert np.all(out[valid:] == 0), "padding tokens must come out as zeros"
@@ -180,3 +180,40 @@ def test_partials_stay_a_small_fraction_of_the_kv_bytes(group, head_dim):
         kv_bytes = num_seqs * num_kv_heads * max_context * head_dim * 2 * 2  # K and V, bf16
         traffic = 2 * partial_bytes(num_seqs, num_kv_heads, num_splits, group, head_dim)
         assert traffic <= kv_bytes / 15, (num_seqs, num_kv_heads, max_context, block_kv, num_splits)
+
+
+# Decode steps with sliding windows and soft-capping: windows below, at and above the contexts, not multiples of the
+# block (16) or of block_kv; several splits across the window; head sizes 64, 128, 256.
+OPTION_CASES = [
+    ("w5_splits", [40, 3, 0, 90], dict(sliding_window=5), {}, dict(num_splits=3, block_kv=16)),
+    ("w40_softcap_splits", [130, 1, 64, 41], dict(sliding_window=40, logit_softcap=2.0), {},
+     dict(num_splits=3, block_kv=16)),
+    ("w64_at_a_context_d128", [64, 200], dict(sliding_window=64), dict(head_dim=128, block_size=32), {}),
+    ("w300_above_contexts", [40, 250], dict(sliding_window=300), {}, dict(num_splits=2)),
+    ("softcap_d256_g3", [77, 1], dict(logit_softcap=3.0), dict(head_dim=256, num_q_heads=6), {}),
+    ("w33_softcap_d256_bf16", [120, 30], dict(sliding_window=33, logit_softcap=30.0),
+     dict(head_dim=256, dtype=jnp.bfloat16), dict(num_splits=2, block_kv=16)),
+]
+
+
+@pytest.mark.parametrize("case_id,contexts,options,layout,knobs", OPTION_CASES, ids=[c[0] for c in OPTION_CASES])
+def test_options_match_reference(case_id, contexts, options, layout, knobs):
+    layout = dict(dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16, pad_tokens=1), **layout)
+    case = random_ragged_case(len(case_id), [(min(c, 1), c) for c in contexts], **layout)
+    sm_scale = case.q.shape[-1] ** -0.5 * 4  # scores large enough for the cap to bite
+    out = run_kernel(case, sm_scale, **options, **knobs)
+    expected = reference_output(case, sm_scale, **options)
+    valid = case.num_valid_tokens
+    assert not np.isnan(out).any() and np.all(out[valid:] == 0)
+    assert relative_error(out[:valid], expected[:valid]) < TOLERANCE[case.q.dtype]
+
+
+def test_window_splits_only_the_window():
+    """The splits cover the window, not the context: with the window's tiles alone in two splits, NaN in every
+    key before them never reaches the result."""
+    window, block_kv, context = 40, 16, 300
+    case = random_ragged_case(4, [(1, context), (1, 20)], num_q_heads=4, num_kv_heads=1, head_dim=32, block_size=16)
+    unread = (context - window) // block_kv * block_kv
+    out = run_kernel(poison_keys_before(case, 0, unread), 0.2, sliding_window=window, num_splits=2,
+                     block_kv=block_kv)
+    check_against_reference(case, out, 0.2, sliding_window=window)
