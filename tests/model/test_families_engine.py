@@ -17,8 +17,8 @@ PROMPTS = [[5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 190, 33, 2], [200, 1, 2, 3, 4, 
 @pytest.mark.parametrize("family", NEW_FAMILIES)
 def test_greedy_tokens_equal_hf_and_nothing_compiles_after_warmup(family, tiny_model_dir):
     directory, hf_model = tiny_model_dir(family)
-    # the jnp reference runs the windows and soft-caps; a budget of 8 tokens chunks the 13-token prompt
-    llm = LLM(str(directory), skip_tokenizer=True, attention="reference", max_model_len=64, block_size=4,
+    # the default attention (on CPU the native kernel); a budget of 8 tokens chunks the 13-token prompt
+    llm = LLM(str(directory), skip_tokenizer=True, max_model_len=64, block_size=4,
               max_num_seqs=4, max_num_batched_tokens=8, warmup=True)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     with CompileCounter() as compiles:

@@ -31,11 +31,10 @@ def hf_logits(model, token_ids, dtype=torch.float32) -> np.ndarray:
     return out.float().numpy()
 
 
-def model_forward(config):
-    """The jitted forward with the default kernels; attention by the jnp reference where the model uses a window or
-    a soft-cap (the reference implements them first)."""
-    needs_options = config.sliding_window is not None or config.attn_logit_softcap is not None
-    return jit_forward(config, select_kernels(attention="reference") if needs_options else None)
+def model_forward(config, attention: str = "auto"):
+    """The jitted forward with the default kernels (on CPU the native attention kernel, windows and soft-cap
+    included), or with the attention implementation named."""
+    return jit_forward(config, select_kernels(attention=attention))
 
 
 def shuffled_blocks(seed: int) -> list[int]:

@@ -34,8 +34,8 @@ def gguf_path(tmp_path_factory) -> Path:
 def test_greedy_tokens_are_hf_argmax_teacher_forced(gguf_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # the window (512) is longer than these contexts, but every layer still runs the windowed attention path
-    llm = LLM(str(gguf_path), attention="reference", max_model_len=128, max_num_seqs=2)
+    # the window (512) is longer than these contexts, but the local layers still run the windowed attention path
+    llm = LLM(str(gguf_path), max_model_len=128, max_num_seqs=2)
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS), use_tqdm=False)
     hf = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                               dtype=torch.float32).eval()
@@ -49,6 +49,6 @@ def test_greedy_tokens_are_hf_argmax_teacher_forced(gguf_path, capsys):
         assert np.argmax(logits[len(prompt) - 1:-1], axis=-1).tolist() == new, output.prompt
 
     # the same run through the command line prints the same text
-    assert main(["generate", "--model", str(gguf_path), "--attention", "reference", "--max-model-len", "128",
+    assert main(["generate", "--model", str(gguf_path), "--max-model-len", "128",
                  "--max-tokens", str(NEW_TOKENS), PROMPTS[0]]) == 0
     assert outputs[0].outputs[0].text in capsys.readouterr().out
