@@ -2,6 +2,8 @@
 
     adapter_config.json          r, lora_alpha, use_rslora, target_modules, ...
     adapter_model.safetensors    base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight
+                                 module: q/k/v/o_proj, gate/up/down_proj (Phi-3: qkv_proj, o_proj,
+                                 gate_up_proj, down_proj, its checkpoints' fused linears)
                                  A [r, in], B [out, r] per targeted module and layer
 
 The engine's linears are fused (q|k|v -> w_qkv, gate|up -> w_gate_up), so an adapter becomes, per LayerParams
