@@ -34,6 +34,7 @@ chunk costs its own tiles.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -79,12 +80,18 @@ def ragged_paged_attention_reference(
 
 
 def check_attention_options(sliding_window: int | None, logit_softcap: float | None) -> None:
-    """Reject option values no attention implementation accepts, naming the argument."""
-    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
-        raise ValueError(f"sliding_window must be a Python int >= 1 or None, got {sliding_window!r}")
-    if logit_softcap is not None and (not isinstance(logit_softcap, (int, float)) or not logit_softcap > 0
-                                      or math.isinf(logit_softcap)):
-        raise ValueError(f"logit_softcap must be a finite Python number > 0 or None, got {logit_softcap!r}")
+    """Reject option values no attention implementation accepts, naming the argument (both are static: a traced
+    value is refused too)."""
+    if sliding_window is not None and (not _is_number(sliding_window, numbers.Integral) or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a static integer >= 1 (Python or NumPy) or None, "
+                         f"got {sliding_window!r}")
+    if logit_softcap is not None and (not _is_number(logit_softcap, numbers.Real) or not 0 < logit_softcap < math.inf):
+        raise ValueError(f"logit_softcap must be a static finite number > 0 (Python or NumPy) or None, "
+                         f"got {logit_softcap!r}")
+
+
+def _is_number(value, kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def softcap_scores(scores: jax.Array, sm_scale: float, logit_softcap: float | None) -> jax.Array:

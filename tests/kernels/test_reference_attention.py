@@ -126,6 +126,9 @@ def test_window_reads_no_chunk_before_it(seqs):
 
 @pytest.mark.parametrize("options,argument", [(dict(sliding_window=0), "sliding_window"),
                                               (dict(sliding_window=2.5), "sliding_window"),
+                                              (dict(sliding_window=True), "sliding_window"),
+                                              (dict(sliding_window=jnp.int32(8)), "sliding_window"),
+                                              (dict(logit_softcap=float("nan")), "logit_softcap"),
                                               (dict(logit_softcap=0.0), "logit_softcap"),
                                               (dict(logit_softcap=-1.0), "logit_softcap")])
 def test_bad_options_are_rejected(options, argument):
