@@ -6,30 +6,19 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+from jaxllm.architecture import ACTIVATION_NAMES, ARCHITECTURES, SUPPORTED_ARCHITECTURES, Architecture
 from jaxllm.errors import ModelLoadError
 from jaxllm.file_fields import MAX_INT, FieldReader, short_repr
+from jaxllm.rope_scaling import Llama3RopeScaling, RopeScaling, read_rope_scaling
 
-# Hugging Face `architectures[0]` -> the family name used inside jaxllm.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
+__all__ = ["ModelConfig", "Llama3RopeScaling", "SUPPORTED_ARCHITECTURES", "LAYER_TYPES", "merge_token_ids",
+           "CacheConfig", "SchedulerConfig", "ParallelConfig", "LoRAConfig"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Llama3RopeScaling:
-    """Llama 3.1's frequency-dependent rope scaling (rope_scaling.rope_type == "llama3")."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # a family of architecture.ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -39,11 +28,16 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: RopeScaling | None = None  # of the global (full-attention) layers
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2: q/k/v projections carry a bias
-    sliding_window: int | None = None  # recorded, not applied: contexts must stay within it
+    sliding_window: int | None = None  # key j is visible to query p iff p - j < sliding_window (windowed layers)
+    layer_types: tuple[str, ...] = ()  # per layer, LAYER_TYPES; () = every layer sliding when a window is set
+    rope_local_theta: float | None = None  # Gemma 3: the rope base of the sliding layers (None: rope_theta)
+    query_pre_attn_scalar: float | None = None  # Gemma: attention scale query_pre_attn_scalar ** -0.5
+    attn_logit_softcap: float | None = None  # Gemma 2: scores -> c * tanh(scores / c)
+    final_logit_softcap: float | None = None  # Gemma 2: logits -> c * tanh(logits / c)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()  # every end-of-sequence id; the first is the primary one
 
@@ -64,6 +58,35 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_INT for t in self.eos_token_ids):
             raise ValueError(f"ModelConfig.eos_token_ids must be token ids >= 0, got {self.eos_token_ids!r}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"ModelConfig.architecture {self.architecture!r} is unknown; known: "
+                             f"{', '.join(ARCHITECTURES)}")
+        if self.layer_types and (len(self.layer_types) != self.num_layers
+                                 or not set(self.layer_types) <= set(LAYER_TYPES)):
+            raise ValueError(f"ModelConfig.layer_types must name {self.num_layers} layers, each one of "
+                             f"{', '.join(LAYER_TYPES)}, got {self.layer_types!r}")
+        for name in ("sliding_window", "rope_local_theta", "query_pre_attn_scalar", "attn_logit_softcap",
+                     "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < math.inf):
+                raise ValueError(f"ModelConfig.{name} must be None or a finite number > 0, got {value!r}")
+
+    @property
+    def arch(self) -> Architecture:
+        """What this family's forward and checkpoints look like (architecture.py)."""
+        return ARCHITECTURES[self.architecture]
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer `layer` attends within sliding_window (else to the whole context)."""
+        if self.sliding_window is None:
+            return False
+        return not self.layer_types or self.layer_types[layer] == "sliding_attention"
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q . k: query_pre_attn_scalar ** -0.5 where the family sets it, else head_dim ** -0.5."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_hf_config(cls, hf: Mapping[str, Any], source: str = "config.json") -> "ModelConfig":
@@ -71,26 +94,34 @@ class ModelConfig:
         checked as it is read (file_fields.FieldReader): a bad one is a ModelLoadError naming it."""
         r = FieldReader(hf, source)
         arch = _architecture(r)
-        _reject_unsupported_features(r)
+        _reject_unsupported_features(r, ARCHITECTURES[arch])
         num_heads, hidden = r.integer("num_attention_heads"), r.integer("hidden_size")
+        head_dim = r.integer("head_dim", hidden // num_heads)
+        max_positions = r.integer("max_position_embeddings", 4096)
+        num_layers = r.integer("num_hidden_layers")
+        theta, scaling, local_theta = _rope(r, arch, head_dim, max_positions)
+        window = _sliding_window(r, arch)
         fields = dict(
             architecture=arch,
             vocab_size=r.integer("vocab_size"),
             hidden_size=hidden,
             intermediate_size=r.integer("intermediate_size"),
-            num_layers=r.integer("num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=r.integer("num_key_value_heads", num_heads),
-            head_dim=r.integer("head_dim", hidden // num_heads),
+            head_dim=head_dim,
             rms_norm_eps=r.number("rms_norm_eps", 1e-6, maximum=1.0),
-            rope_theta=_rope_theta(r),
-            rope_scaling=_rope_scaling(r),
-            max_position_embeddings=r.integer("max_position_embeddings", 4096),
-            tie_word_embeddings=r.flag("tie_word_embeddings", False),
-            qkv_bias=arch == "qwen2",
-            sliding_window=_sliding_window(r, arch),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=r.flag("tie_word_embeddings", arch in ("gemma2", "gemma3")),
+            qkv_bias=ARCHITECTURES[arch].qkv_bias,
+            sliding_window=window,
+            layer_types=() if window is None else _layer_types(r, arch, num_layers),
+            rope_local_theta=local_theta,
             bos_token_id=r.integer("bos_token_id", None, minimum=0),
             eos_token_ids=r.token_ids("eos_token_id"),
+            **_gemma_fields(r, arch),
         )
         try:
             return cls(**fields)
@@ -118,49 +149,90 @@ def _architecture(r: FieldReader) -> str:
     return arch
 
 
-def _rope_theta(r: FieldReader) -> float:
+def _rope(r: FieldReader, arch: str, head_dim: int, max_positions: int
+          ) -> tuple[float, RopeScaling | None, float | None]:
+    """(rope_theta, the global layers' scaling, the sliding layers' base or None) from the flat keys (rope_theta,
+    rope_scaling, rope_local_base_freq) or rope_parameters, flat or keyed by layer type (newer transformers)."""
+    default_theta = 1_000_000.0 if arch == "gemma3" else 10000.0
+    original = r.integer("original_max_position_embeddings", None)
+    aliases = ("su", "yarn") if arch == "phi3" else ("su",)  # HF's Phi-3 reads "yarn" as longrope
+    params = r.section("rope_parameters")
+    if params is not None and any(params.has(t) for t in LAYER_TYPES):
+        full = params.section("full_attention", None) or FieldReader({}, r.source, "rope_parameters.full_attention.")
+        scaling = read_rope_scaling(full, head_dim, max_positions, original, aliases)
+        local = params.section("sliding_attention", None)
+        if local is not None and read_rope_scaling(local, head_dim, max_positions, original, aliases) is not None:
+            raise local.error("rope_type", "other than default on the sliding layers is not supported")
+        local_theta = 10000.0 if local is None else local.number("rope_theta", 10000.0)
+        return full.number("rope_theta", default_theta), scaling, local_theta if arch == "gemma3" else None
     if r.has("rope_theta"):
-        return r.number("rope_theta")
-    params = r.section("rope_parameters")  # newer transformers nest it here
-    return 10000.0 if params is None else params.number("rope_theta", 10000.0)
-
-
-def _rope_scaling(r: FieldReader) -> Llama3RopeScaling | None:
-    scaling = r.section("rope_scaling")
-    if scaling is None or not scaling.values:
-        scaling = r.section("rope_parameters")
-    if scaling is None or not scaling.values:
-        return None
-    kind = scaling.text("rope_type", None) or scaling.text("type", "default")
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise scaling.error("rope_type", f"{short_repr(kind)} is not supported (supported: default, llama3)")
-    return llama3_rope_scaling(scaling)
-
-
-def llama3_rope_scaling(scaling: FieldReader) -> Llama3RopeScaling:
-    """Llama3RopeScaling's fields from a config section (the same keys in config.json and a jaxllm checkpoint)."""
-    low = scaling.number("low_freq_factor")
-    high = scaling.number("high_freq_factor")
-    if high <= low:
-        raise scaling.error("high_freq_factor", f"must be above low_freq_factor ({low}), got {high}")
-    return Llama3RopeScaling(factor=scaling.number("factor"), low_freq_factor=low, high_freq_factor=high,
-                             original_max_position_embeddings=scaling.integer("original_max_position_embeddings"))
+        theta = r.number("rope_theta")
+    else:
+        theta = default_theta if params is None else params.number("rope_theta", default_theta)
+    section = r.section("rope_scaling")
+    if section is None or not section.values:
+        section = params
+    scaling = None if section is None or not section.values else \
+        read_rope_scaling(section, head_dim, max_positions, original, aliases)
+    local_theta = r.number("rope_local_base_freq", 10000.0) if arch == "gemma3" else None
+    return theta, scaling, local_theta
 
 
 def _sliding_window(r: FieldReader, arch: str) -> int | None:
-    if arch == "qwen2" and not r.flag("use_sliding_window", False):
+    """The window the family applies (HF Llama has none; Qwen applies its own only with use_sliding_window)."""
+    if arch == "llama":
         return None
-    return r.integer("sliding_window", None)
+    if arch in ("qwen2", "qwen3") and not r.flag("use_sliding_window", False):
+        return None
+    return r.integer("sliding_window", 4096 if arch in ("gemma2", "gemma3") else None)
 
 
-def _reject_unsupported_features(r: FieldReader) -> None:
-    act = r.text("hidden_act", "silu")
-    if act != "silu":
-        raise ModelLoadError(r.source, f"hidden_act {short_repr(act)} is not supported (only 'silu')")
+def _layer_types(r: FieldReader, arch: str, num_layers: int) -> tuple[str, ...]:
+    """Which layers use the window: config.json's layer_types, else the family's rule (HF's defaults)."""
+    if r.has("layer_types"):
+        types = r.text_list("layer_types")
+        if len(types) != num_layers or not set(types) <= set(LAYER_TYPES):
+            raise r.error("layer_types", f"must list {num_layers} layers, each one of {', '.join(LAYER_TYPES)}, "
+                          f"got {short_repr(types)}")
+        return tuple(types)
+    if arch in ("qwen2", "qwen3"):  # the layers from max_window_layers on
+        first = r.integer("max_window_layers", 28, minimum=0)  # HF's default
+        return tuple(LAYER_TYPES[i >= first] for i in range(num_layers))
+    if arch in ("gemma2", "gemma3"):  # every pattern-th layer global, the others local
+        pattern = 2 if arch == "gemma2" else r.integer("sliding_window_pattern", 6)
+        return tuple(LAYER_TYPES[bool((i + 1) % pattern)] for i in range(num_layers))
+    return ()
+
+
+def _gemma_fields(r: FieldReader, arch: str) -> dict:
+    """Gemma's attention scale and soft-caps (HF's defaults where the key is absent; null turns a cap off)."""
+    if arch not in ("gemma2", "gemma3"):
+        return {}
+    caps = (50.0, 30.0) if arch == "gemma2" else (None, None)
+    return dict(query_pre_attn_scalar=r.number("query_pre_attn_scalar", 256.0),
+                attn_logit_softcap=_nullable_number(r, "attn_logit_softcapping", caps[0]),
+                final_logit_softcap=_nullable_number(r, "final_logit_softcapping", caps[1]))
+
+
+def _nullable_number(r: FieldReader, key: str, default: float | None) -> float | None:
+    """A positive number; the default when the key is absent, None when it is given as null."""
+    if key in r.values and r.values[key] is None:
+        return None
+    return r.number(key, default)
+
+
+def _reject_unsupported_features(r: FieldReader, arch: Architecture) -> None:
+    key = "hidden_activation" if arch.name in ("gemma2", "gemma3") else "hidden_act"  # what HF's MLP reads
+    allowed = ACTIVATION_NAMES[arch.activation]
+    act = r.text(key, allowed[0])
+    if act not in allowed:
+        raise r.error(key, f"{short_repr(act)} is not supported for {arch.name} (supported: {', '.join(allowed)})")
     if r.flag("attention_bias", False) or r.flag("mlp_bias", False):
-        raise ModelLoadError(r.source, "attention_bias/mlp_bias on a Llama-family model is not supported")
+        raise ModelLoadError(r.source, f"attention_bias/mlp_bias on a {arch.name} model is not supported")
+    if r.number("partial_rotary_factor", 1.0, maximum=1.0) != 1.0:
+        raise r.error("partial_rotary_factor", "below 1 (rope on part of each head) is not supported")
+    if r.flag("use_bidirectional_attention", False):
+        raise r.error("use_bidirectional_attention", "is not supported (a decoder attends causally)")
 
 
 @dataclasses.dataclass(frozen=True)

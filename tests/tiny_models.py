@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
-    Qwen2ForCausalLM
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 AWQ_GROUP = 16  # a quantization group size that divides every tiny model's input sizes (48, 64, 128)
 
@@ -27,18 +28,51 @@ VARIANTS = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=None)),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(
         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6)),
+    # the families of issue 29: windows shorter than the tests' contexts (5-7 tokens against 9-23), head sizes
+    # 16 to 256, soft-caps small enough to bite, every rope scaling type
+    "mistral_window": (MistralConfig, MistralForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=5)),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=1e6)),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, num_hidden_layers=3, rms_norm_eps=1e-6)),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
+        num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=5,
+        num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=100.0)})),
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=7, pad_token_id=None,
+        original_max_position_embeddings=64, rope_scaling=dict(
+            rope_type="longrope", short_factor=[1.0 + i / 16 for i in range(8)],
+            long_factor=[2.0 + i / 4 for i in range(8)], original_max_position_embeddings=64))),
+    "llama_linear": (LlamaConfig, LlamaForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, rope_scaling=dict(rope_type="linear", factor=3.0))),
+    "llama_dynamic": (LlamaConfig, LlamaForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, rope_scaling=dict(rope_type="dynamic", factor=4.0))),
+    "qwen2_yarn": (Qwen2Config, Qwen2ForCausalLM, dict(
+        num_attention_heads=2, num_key_value_heads=1, rope_theta=1e6, rope_scaling=dict(
+            rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=16.0))),
 }
+_SEEDS = {name: i for i, name in enumerate(sorted(["llama2", "llama3", "smollm2", "mistral", "qwen2"]))}
+NEW_FAMILIES = ("mistral_window", "qwen3", "gemma2", "gemma3", "phi3")  # with windows, soft-caps, q/k norms
 
 
 def save_tiny_hf_model(variant: str, directory: Path):
     config_cls, model_cls, overrides = VARIANTS[variant]
-    torch.manual_seed(sorted(VARIANTS).index(variant))
+    torch.manual_seed(_SEEDS.get(variant, 100 + list(VARIANTS).index(variant)))
     model = model_cls(config_cls(**{**_COMMON, **overrides})).eval()
-    if variant == "qwen2":  # biases start at zero; make them matter
+    if variant.startswith("qwen2"):  # biases start at zero; make them matter
         with torch.no_grad():
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.5)
+    if variant in NEW_FAMILIES:  # norms start at 1 (Gemma: at 0, meaning 1); make their weights matter
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if "norm" in name:
+                    weight.add_(torch.randn_like(weight) * 0.3)
     model.save_pretrained(directory, safe_serialization=True)
     return directory, model
 
@@ -77,15 +111,19 @@ def write_gguf(model, path: Path, arch: str = "llama", matrix_type=None, tensor_
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_key_length(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: keyed by layer type
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
+    _write_family_metadata(writer, model, arch)
     overrides = tensor_overrides or {}
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        name = _gguf_name(hf_name)
+        name = _gguf_name(hf_name, arch)
         array = tensor.float().numpy()
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            array = array + 1  # llama.cpp stores Gemma's norms as (1 + w)
         if arch == "llama" and ".attn_q." in name:
             array = permute_rope_rows(array, cfg.num_attention_heads)
         elif arch == "llama" and ".attn_k." in name:
@@ -104,11 +142,46 @@ def write_gguf(model, path: Path, arch: str = "llama", matrix_type=None, tensor_
     return path
 
 
-def _gguf_name(hf_name: str) -> str:
+def _gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name in HF_TO_GGUF:
         return HF_TO_GGUF[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
-    return f"blk.{layer}.{HF_TO_GGUF_LAYER[rest]}"
+    names = {**HF_TO_GGUF_LAYER, **_FAMILY_GGUF_LAYER, **(_GEMMA_GGUF_LAYER if arch.startswith("gemma") else {})}
+    return f"blk.{layer}.{names[rest]}"
+
+
+# llama.cpp's names for what the new families add (gguf's MODEL_TENSOR table)
+_FAMILY_GGUF_LAYER = {"self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+                      "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"}
+_GEMMA_GGUF_LAYER = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                     "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+
+
+def _write_family_metadata(writer, model, arch: str) -> None:
+    """The keys (and Phi-3's rope factor tensors) a llama.cpp conversion writes for the window, the soft-caps, the
+    second rope base and the rope scaling."""
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    if getattr(cfg, "sliding_window", None) is not None:
+        writer.add_sliding_window(cfg.sliding_window)
+    if arch == "gemma3":  # its layer pattern as one flag per layer (true: sliding)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        writer.add_rope_freq_base_swa(float(cfg.rope_parameters["sliding_attention"]["rope_theta"]))
+        full = cfg.rope_parameters["full_attention"]
+        if full.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(full["factor"])
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        writer.add_float32(f"{arch}.attention.scale", cfg.query_pre_attn_scalar ** -0.5)
+    if arch == "phi3" and cfg.rope_parameters.get("rope_type") == "longrope":
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
+        writer.add_tensor("rope_factors_long.weight", np.asarray(cfg.rope_parameters["long_factor"], np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(cfg.rope_parameters["short_factor"], np.float32))
 
 
 # A tiny Llama with the default model's vocabulary and tokenizer: text prompts, stop strings, the chat template

@@ -202,9 +202,6 @@ class EngineArgs:
         if max_model_len > config.max_position_embeddings:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
                              f"{config.max_position_embeddings}")
-        if config.sliding_window is not None and max_model_len > config.sliding_window:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's sliding_window "
-                             f"{config.sliding_window}, which jaxllm does not implement yet")
         num_blocks = self._num_blocks(loaded, max_model_len)
         num_blocks = num_blocks if agree_on_blocks is None else agree_on_blocks(num_blocks)
         if self.max_model_len is None:

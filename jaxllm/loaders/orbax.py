@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxllm.config import SUPPORTED_ARCHITECTURES, ModelConfig, llama3_rope_scaling
+from jaxllm.architecture import ARCHITECTURES
+from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
 from jaxllm.file_fields import REQUIRED, FieldReader, read_json, short_repr
 from jaxllm.loaders.assemble import DTYPES, numpy_dtype
@@ -26,6 +27,7 @@ from jaxllm.loaders.weight_checks import all_finite
 from jaxllm.loaders.resolve import ORBAX_MARKER
 from jaxllm.model.params import LlamaParams, abstract_params, params_dtype
 from jaxllm.model.weights import WeightFormat
+from jaxllm.rope_scaling import read_rope_scaling
 
 FORMAT_VERSION = 2  # 2: each layer's arrays apart (1 stacked them on a leading [L] axis)
 
@@ -161,17 +163,22 @@ def _config(c: FieldReader) -> ModelConfig:
         return REQUIRED if _DEFAULTS[name] is dataclasses.MISSING else _DEFAULTS[name]
 
     scaling = c.section("rope_scaling")
+    head_dim, max_positions = c.integer("head_dim"), c.integer("max_position_embeddings",
+                                                                 default("max_position_embeddings"))
     fields = dict(
-        architecture=c.text("architecture", choices=set(SUPPORTED_ARCHITECTURES.values())),
+        architecture=c.text("architecture", choices=set(ARCHITECTURES)),
         **{name: c.integer(name) for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                                               "num_heads", "num_kv_heads", "head_dim")},
         rms_norm_eps=c.number("rms_norm_eps", default("rms_norm_eps"), maximum=1.0),
         rope_theta=c.number("rope_theta", default("rope_theta")),
-        rope_scaling=None if scaling is None else llama3_rope_scaling(scaling),
-        max_position_embeddings=c.integer("max_position_embeddings", default("max_position_embeddings")),
+        rope_scaling=None if scaling is None else read_rope_scaling(scaling, head_dim, max_positions),
+        max_position_embeddings=max_positions,
         tie_word_embeddings=c.flag("tie_word_embeddings", default("tie_word_embeddings")),
         qkv_bias=c.flag("qkv_bias", default("qkv_bias")),
         sliding_window=c.integer("sliding_window", None),
+        layer_types=tuple(c.text_list("layer_types")),
+        **{name: c.number(name, None) for name in ("rope_local_theta", "query_pre_attn_scalar",
+                                                   "attn_logit_softcap", "final_logit_softcap")},
         bos_token_id=c.integer("bos_token_id", None, minimum=0),
         eos_token_ids=c.token_ids("eos_token_ids"),
     )

@@ -31,9 +31,12 @@ _LAYER_NAMES = {
     "self_attn.v_proj.bias": "bv", "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up",
     "mlp.down_proj.weight": "w_down",
 }
-# a quantized linear's packed weight stands for its dense `weight` (awq.join_linears names it `qweight`)
-_AWQ_LAYER_NAMES = {**_LAYER_NAMES, **{name.replace(".weight", ".qweight"): field for name, field in
-                                       _LAYER_NAMES.items() if name.rpartition(".")[0] in awq.LINEAR_MODULES}}
+# what some families add or name otherwise (architecture.py)
+_QK_NORM_NAMES = {"self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}
+_SANDWICH_NORM_NAMES = {"post_attention_layernorm.weight": "post_attn_norm",
+                        "pre_feedforward_layernorm.weight": "mlp_norm",
+                        "post_feedforward_layernorm.weight": "post_mlp_norm"}  # Gemma: the MLP's norm is "pre_"
+_FUSED_NAMES = {"self_attn.qkv_proj.weight": "w_qkv", "mlp.gate_up_proj.weight": "w_gate_up"}  # Phi-3
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_SUFFIX = "rotary_emb.inv_freq"  # old checkpoints store the rope table; it is recomputed
 INDEX_FILE = "model.safetensors.index.json"
@@ -72,10 +75,34 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
     bytes_per_param = awq.PACKED_BYTES_PER_PARAM if awq_config else np.dtype(numpy_dtype(dtype)).itemsize
     check_fits_host(config, model_dir / "config.json", bytes_per_param)
     named = (t for f in weight_files(model_dir) for t in _read_file(f))
-    layer_names = _LAYER_NAMES
+    layer_names = layer_tensor_names(config)
     if awq_config is not None:
-        named, layer_names = awq.join_linears(named, awq_config, numpy_dtype(dtype)), _AWQ_LAYER_NAMES
+        if config.arch.fused_checkpoint:
+            raise ModelLoadError(model_dir / "config.json", f"AWQ checkpoints of {config.architecture} (fused "
+                                 "qkv_proj / gate_up_proj linears) are not supported")
+        named, layer_names = awq.join_linears(named, awq_config, numpy_dtype(dtype)), _awq_names(layer_names)
     return config, assemble_params(config, _fields(named, config, layer_names), source=str(model_dir), dtype=dtype)
+
+
+def layer_tensor_names(config: ModelConfig) -> dict[str, str]:
+    """A layer's Hugging Face tensor names (after model.layers.N.) -> params fields, for the config's family."""
+    arch, names = config.arch, dict(_LAYER_NAMES)
+    if arch.qk_norm:
+        names.update(_QK_NORM_NAMES)
+    if arch.sandwich_norms:
+        names.update(_SANDWICH_NORM_NAMES)
+    if arch.fused_checkpoint:
+        for name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                     "mlp.gate_proj.weight", "mlp.up_proj.weight"):
+            del names[name]
+        names.update(_FUSED_NAMES)
+    return names
+
+
+def _awq_names(layer_names: dict[str, str]) -> dict[str, str]:
+    """A quantized linear's packed weight stands for its dense `weight` (awq.join_linears names it `qweight`)."""
+    return {**layer_names, **{name.replace(".weight", ".qweight"): field for name, field in layer_names.items()
+                              if name.rpartition(".")[0] in awq.LINEAR_MODULES}}
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -2,6 +2,8 @@
 
     adapter_config.json          r, lora_alpha, use_rslora, target_modules, ...
     adapter_model.safetensors    base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight
+                                 module: q/k/v/o_proj, gate/up/down_proj (Phi-3: qkv_proj, o_proj,
+                                 gate_up_proj, down_proj, its checkpoints' fused linears)
                                  A [r, in], B [out, r] per targeted module and layer
 
 The engine's linears are fused (q|k|v -> w_qkv, gate|up -> w_gate_up), so an adapter becomes, per LayerParams
@@ -39,6 +41,19 @@ MODULES = {"q_proj": ("w_qkv", 0), "k_proj": ("w_qkv", 1), "v_proj": ("w_qkv", 2
            "gate_proj": ("w_gate_up", 0), "up_proj": ("w_gate_up", 1), "down_proj": ("w_down", 0)}
 FIELD_PARTS = {"w_qkv": ("q_proj", "k_proj", "v_proj"), "wo": ("o_proj",), "w_gate_up": ("gate_proj", "up_proj"),
                "w_down": ("down_proj",)}
+# Phi-3's checkpoints fuse q|k|v and gate|up into one linear each, so its adapters target those (one part each)
+FUSED_FIELD_PARTS = {"w_qkv": ("qkv_proj",), "wo": ("o_proj",), "w_gate_up": ("gate_up_proj",),
+                     "w_down": ("down_proj",)}
+
+
+def field_parts(config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Per LayerParams linear field, the PEFT modules it fuses, in row order (the family's module names)."""
+    return FUSED_FIELD_PARTS if config.arch.fused_checkpoint else FIELD_PARTS
+
+
+def modules(config: ModelConfig) -> dict[str, tuple[str, int]]:
+    """PEFT module name -> (LayerParams field, part index within the fused field), for the config's family."""
+    return {module: (field, p) for field, parts in field_parts(config).items() for p, module in enumerate(parts)}
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 # config keys that must be unset (falsy): features whose weights this engine does not apply
 _UNSUPPORTED = {"use_dora": "DoRA (use_dora)", "modules_to_save": "modules_to_save (fully trained modules)",
@@ -55,20 +70,20 @@ def module_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     h, f = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     return {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q), "gate_proj": (f, h),
-            "up_proj": (f, h), "down_proj": (h, f)}
+            "up_proj": (f, h), "down_proj": (h, f), "qkv_proj": (q + 2 * kv, h), "gate_up_proj": (2 * f, h)}
 
 
 def field_shapes(config: ModelConfig, max_rank: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """Per LayerParams linear field: the shapes of its (a, b) arrays, [L, P*R, K] and [L, N, P*R]."""
     shapes, layers = {}, config.num_layers
-    for field, parts in FIELD_PARTS.items():
+    for field, parts in field_parts(config).items():
         outs = [module_shapes(config)[m][0] for m in parts]
         k = module_shapes(config)[parts[0]][1]
         shapes[field] = ((layers, len(parts) * max_rank, k), (layers, sum(outs), len(parts) * max_rank))
     return shapes
 
 
-def read_adapter_config(path: str) -> dict:
+def read_adapter_config(path: str, known_modules=MODULES) -> dict:
     """adapter_config.json, checked (file_fields.FieldReader): a LoRA adapter using only what the engine applies.
     Refusals are ModelLoadErrors (ValueErrors) naming the file and the key."""
     if not os.path.isdir(path):
@@ -91,25 +106,25 @@ def read_adapter_config(path: str) -> dict:
     r.number("r")  # the tensors' shapes give each module's rank
     r.number("lora_alpha")
     r.flag("use_rslora", False)
-    _check_targets(r)
+    _check_targets(r, known_modules)
     return config
 
 
-def _check_targets(r: FieldReader) -> None:
+def _check_targets(r: FieldReader, known_modules) -> None:
     """target_modules: a list of supported module names, or a string (PEFT's pattern: the tensors say which)."""
     targets = r.raw("target_modules", None)
     if isinstance(targets, list):
-        unknown = [m for m in r.text_list("target_modules") if m not in MODULES]
+        unknown = [m for m in r.text_list("target_modules") if m not in known_modules]
         if unknown:
             raise r.error("target_modules", f"{short_repr(unknown)} are not supported (supported: "
-                          f"{', '.join(MODULES)})")
+                          f"{', '.join(known_modules)})")
     elif targets is not None and not isinstance(targets, str):
         raise r.error("target_modules", f"must be a list of module names or a pattern, got {short_repr(targets)}")
 
 
 def load_peft_adapter(path: str, config: ModelConfig, max_rank: int, dtype) -> HostAdapter:
     """The adapter at `path` as host arrays per linear field (see the module docstring), in `dtype`."""
-    adapter_config = read_adapter_config(path)
+    adapter_config = read_adapter_config(path, modules(config))
     weights_path = os.path.join(path, WEIGHTS_FILE)
     if not os.path.isfile(weights_path):
         pickled = [name for name in PICKLED_FILES if os.path.isfile(os.path.join(path, name))]
@@ -117,43 +132,43 @@ def load_peft_adapter(path: str, config: ModelConfig, max_rank: int, dtype) -> H
             raise ValueError(f"{os.path.join(path, pickled[0])}: pickled adapter weights are refused (loading "
                              f"them runs code); save the adapter as {WEIGHTS_FILE}")
         raise ValueError(f"LoRA adapter {path!r} has no {WEIGHTS_FILE}")
-    modules = _read_modules(weights_path, config)
-    return _fuse(modules, adapter_config, config, max_rank, dtype, weights_path)
+    found = _read_modules(weights_path, config)
+    return _fuse(found, adapter_config, config, max_rank, dtype, weights_path)
 
 
 def _read_modules(weights_path: str, config: ModelConfig) -> dict[tuple[int, str], dict[str, np.ndarray]]:
     """(layer, module) -> {"A": [r, in], "B": [out, r]}, every tensor name and shape checked."""
     from safetensors import safe_open
 
-    shapes = module_shapes(config)
-    modules: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    shapes, known = module_shapes(config), modules(config)
+    found: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     try:
         with safe_open(weights_path, framework="numpy") as f:
             for name in f.keys():
                 match = _KEY.match(name)
-                if match is None or match.group(2) not in MODULES:
+                if match is None or match.group(2) not in known:
                     raise ValueError(f"{weights_path}: tensor {name!r} is not a LoRA A/B weight of a supported "
-                                     f"module ({', '.join(MODULES)})")
+                                     f"module ({', '.join(known)})")
                 layer, module, which = int(match.group(1)), match.group(2), match.group(3)
                 if layer >= config.num_layers:
                     raise ValueError(f"{weights_path}: tensor {name!r} is for layer {layer}, but the base model "
                                      f"has {config.num_layers} layers")
-                modules.setdefault((layer, module), {})[which] = _checked(f.get_tensor(name), name, which,
+                found.setdefault((layer, module), {})[which] = _checked(f.get_tensor(name), name, which,
                                                                           shapes[module], weights_path)
     except ValueError:
         raise
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"{weights_path}: not a readable safetensors file ({e})") from e
-    for (layer, module), pair in modules.items():
+    for (layer, module), pair in found.items():
         if set(pair) != {"A", "B"}:
             missing = ({"A", "B"} - set(pair)).pop()
             raise ValueError(f"{weights_path}: layer {layer} {module} has no lora_{missing} tensor")
         if pair["A"].shape[0] != pair["B"].shape[1]:
             raise ValueError(f"{weights_path}: layer {layer} {module}: lora_A has rank {pair['A'].shape[0]} but "
                              f"lora_B has rank {pair['B'].shape[1]}")
-    if not modules:
+    if not found:
         raise ValueError(f"{weights_path}: holds no LoRA weights")
-    return modules
+    return found
 
 
 def _checked(tensor: np.ndarray, name: str, which: str, out_in: tuple[int, int], weights_path: str) -> np.ndarray:
@@ -169,18 +184,18 @@ def _checked(tensor: np.ndarray, name: str, which: str, out_in: tuple[int, int],
     return np.asarray(check_weight(tensor, name, weights_path), np.float32)
 
 
-def _fuse(modules, adapter_config: dict, config: ModelConfig, max_rank: int, dtype, weights_path: str) -> HostAdapter:
+def _fuse(found, adapter_config: dict, config: ModelConfig, max_rank: int, dtype, weights_path: str) -> HostAdapter:
     alpha, rslora = float(adapter_config["lora_alpha"]), bool(adapter_config.get("use_rslora"))
     shapes = field_shapes(config, max_rank)
     out_sizes = {m: s[0] for m, s in module_shapes(config).items()}
     adapter = {}
-    for field, parts in FIELD_PARTS.items():
+    for field, parts in field_parts(config).items():
         a = np.zeros(shapes[field][0], np.float32)  # [L, P*R, K]
         b = np.zeros(shapes[field][1], np.float32)  # [L, N, P*R]
         row = 0
         for p, module in enumerate(parts):
             for layer in range(config.num_layers):
-                pair = modules.get((layer, module))
+                pair = found.get((layer, module))
                 if pair is None:
                     continue
                 rank = pair["A"].shape[0]

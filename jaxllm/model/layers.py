@@ -1,8 +1,7 @@
-"""Stateless building blocks of a Llama layer: RMSNorm, rotary embeddings, SwiGLU, linear."""
+"""Stateless building blocks of a decoder layer: RMSNorm, rotary embeddings, the gated MLP, linear, soft-cap."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -12,6 +11,7 @@ import numpy as np
 from jaxllm.config import ModelConfig
 from jaxllm.model import weights
 from jaxllm.model.kernels import REFERENCE, Kernels
+from jaxllm.rope_scaling import default_inv_freq
 
 
 def linear(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE) -> jax.Array:
@@ -23,41 +23,59 @@ def linear(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = 
     return y.astype(x.dtype)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """Normalise in float32, cast back, then scale (the order Hugging Face Llama uses)."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+    """Normalise over the last axis in float32. offset 0 (Llama): cast back, then scale by weight; offset 1
+    (Gemma): scale by (1 + weight) in float32, then cast back (each the order its Hugging Face model uses)."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if offset:
+        return (x32 * (offset + weight.astype(jnp.float32))).astype(x.dtype)
     return weight * x32.astype(x.dtype)
 
 
-def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE) -> jax.Array:
-    """down(silu(gate(x)) * up(x)); x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]."""
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
+              activation: str = "silu") -> jax.Array:
+    """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu_tanh); x [T, H], w_gate_up [2F, H] (gate rows,
+    then up rows), w_down [H, F]."""
     gate, up = jnp.split(linear(x, w_gate_up, kernels=kernels), 2, axis=-1)  # [T, F] each
-    return linear(jax.nn.silu(gate) * up, w_down, kernels=kernels)
+    return linear(ACTIVATIONS[activation](gate) * up, w_down, kernels=kernels)
 
 
-def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-    """[D/2] float32 inverse frequencies, with Llama 3 scaling applied when configured (host-side, static)."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq.astype(np.float32)
-    # Wavelengths longer than the original context / low_freq_factor are slowed by `factor`, shorter than
-    # context / high_freq_factor kept, and the band between interpolated linearly in context / wavelength.
-    wavelen = 2 * math.pi / inv_freq
-    old_ctx = scaling.original_max_position_embeddings
-    ratio = (old_ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    ratio = np.clip(ratio, 0.0, 1.0)
-    scaled = (1 - ratio) * inv_freq / scaling.factor + ratio * inv_freq
-    return scaled.astype(np.float32)
+def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE) -> jax.Array:
+    return gated_mlp(x, w_gate_up, w_down, kernels)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, dtype) -> tuple[jax.Array, jax.Array]:
-    """positions [T] -> cos, sin [T, D] in `dtype` (half-split layout: both halves share a frequency)."""
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+    """cap * tanh(x / cap) (None: x as it is)."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def rope_inv_freq(config: ModelConfig, local: bool = False) -> tuple[np.ndarray, float]:
+    """([D/2] float32 inverse frequencies, the cos/sin factor), host-side and static: the global layers' table
+    with config.rope_scaling (rope_scaling.py), or with local the sliding layers' (base rope_local_theta, no
+    scaling; Gemma 3)."""
+    if local:
+        return default_inv_freq(config.rope_local_theta or config.rope_theta, config.head_dim), 1.0
+    if config.rope_scaling is None:
+        return default_inv_freq(config.rope_theta, config.head_dim), 1.0
+    inv_freq, factor = config.rope_scaling.inv_freq(config.rope_theta, config.head_dim)
+    return np.asarray(inv_freq, np.float32), float(factor)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray | tuple[np.ndarray, float], dtype
+                 ) -> tuple[jax.Array, jax.Array]:
+    """positions [T] -> cos, sin [T, D] in `dtype` (half-split layout: both halves share a frequency), each times
+    the scaling's factor when inv_freq comes with one (rope_inv_freq)."""
+    inv_freq, factor = inv_freq if isinstance(inv_freq, tuple) else (inv_freq, 1.0)
     freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]  # [T, D/2]
     angles = jnp.concatenate([freqs, freqs], axis=-1)  # [T, D]
-    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.astype(dtype), sin.astype(dtype)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

@@ -3,14 +3,18 @@
 tensor_parallel.py runs it over the device mesh (one device unless the model is split), under shard_map: that is
 the only way the library calls it.
 
-Covers Llama 2/3/3.1, SmolLM/SmolLM2, Mistral (no sliding window) and Qwen2/2.5 (q/k/v bias), GQA, tied or
-untied embeddings. Activations stay in the params' dtype; norms, softmax and logits are computed in float32.
+One forward for every family (Llama 2/3/3.1, SmolLM, Mistral, Qwen2/2.5/3, Gemma 2/3, Phi-3): what differs is
+read from config.arch (architecture.py: norm style, sandwich norms, activation, embedding scale, q/k norms) and
+per layer from the config (sliding window, rope table). A layer's static kind is (its window, its rope table):
+the layer function is traced once per distinct kind (one for most models, two for Gemma's local / global layers),
+however deep the model. Activations stay in the params' dtype; norms, softmax and logits are computed in float32.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +23,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.model.attention import attend
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.kv_cache import KVCache, write_kv
-from jaxllm.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq, swiglu
+from jaxllm.model.layers import apply_rope, gated_mlp, linear, rms_norm, rope_cos_sin, rope_inv_freq, soft_cap
 from jaxllm.model.params import LayerParams, LlamaParams
 from jaxllm.model.step_batch import StepBatch
 
@@ -40,40 +44,75 @@ def device_forward_hidden(
     names the implementation of attention, the KV write and the weight formats' matmuls (kernels.py).
     """
     x = params.embed[batch.token_ids]  # [T, H]
-    cos, sin = rope_cos_sin(batch.positions, rope_inv_freq(config), x.dtype)  # [T, D] each
+    if config.arch.embed_scale:  # Gemma: times sqrt(H), the factor rounded to the activations' dtype as HF does
+        x = x * jnp.asarray(math.sqrt(config.hidden_size), x.dtype)
+    kinds = [layer_kind(config, i) for i in range(config.num_layers)]
+    tables = {kind.local_rope: rope_cos_sin(batch.positions, rope_inv_freq(config, kind.local_rope), x.dtype)
+              for kind in set(kinds)}  # local_rope -> (cos, sin) [T, D] each
     k_pool, v_pool = kv_cache.k, kv_cache.v  # [L, N, Hkv, B, D] each
 
     # A Python loop over the layers' own arrays: the program reads each weight where it lies (a scan over [L, ...]
     # stacks would copy every layer's weights out of them at every step). The layer is one jitted function called
-    # L times, so it is traced and lowered once (XLA inlines the calls): 7x less tracing than an inline loop body.
-    layer_step = jax.jit(functools.partial(_layer, config=config, kernels=kernels, reduce=reduce))
-    for layer, lp in enumerate(params.layers):
-        x, k_pool, v_pool = layer_step(x, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch)
+    # L times, so it is traced and lowered once per distinct static kind (XLA inlines the calls): 7x less tracing
+    # than an inline loop body.
+    layer_step = jax.jit(functools.partial(_layer, config=config, kernels=kernels, reduce=reduce),
+                         static_argnames=("kind",))
+    for layer, (lp, kind) in enumerate(zip(params.layers, kinds)):
+        cos, sin = tables[kind.local_rope]
+        x, k_pool, v_pool = layer_step(x, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch, kind=kind)
 
-    hidden = rms_norm(x[batch.logits_indices], params.final_norm, config.rms_norm_eps)  # [R, H]
+    hidden = _norm(x[batch.logits_indices], params.final_norm, config)  # [R, H]
     return hidden, KVCache(k=k_pool, v=v_pool)
 
 
-def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, *, config: ModelConfig,
-           kernels: Kernels, reduce: Callable[[jax.Array], jax.Array]):
+class LayerKind(NamedTuple):
+    """What a layer's program depends on besides its weights (static: one trace per distinct kind)."""
+    sliding_window: int | None  # None: attends to the whole context
+    local_rope: bool  # the sliding layers' own rope table (Gemma 3's rope_local_theta)
+
+
+def layer_kind(config: ModelConfig, layer: int) -> LayerKind:
+    sliding = config.is_sliding(layer)
+    return LayerKind(config.sliding_window if sliding else None,
+                     sliding and config.rope_local_theta is not None)
+
+
+def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, *, kind: LayerKind,
+           config: ModelConfig, kernels: Kernels, reduce: Callable[[jax.Array], jax.Array]):
     """One decoder layer: x [T, H] -> x [T, H], this step's K/V written into the pools' layer `layer`."""
-    h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
+    h = _norm(x, lp.attn_norm, config)
     q, k, v = _qkv(h, lp, config, kernels)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+    if lp.q_norm is not None:  # per head, before rope (Qwen3, Gemma 3)
+        q, k = _norm(q, lp.q_norm, config), _norm(k, lp.k_norm, config)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v, kernels)
-    attn = attend(kernels, q, k_pool, v_pool, layer, batch, config.head_dim ** -0.5)  # [T, Hq, D]
-    x = x + reduce(linear(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels))
-    h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
-    x = x + reduce(swiglu(h, lp.w_gate_up, lp.w_down, kernels))
-    return x, k_pool, v_pool
+    attn = attend(kernels, q, k_pool, v_pool, layer, batch, config.attention_scale,
+                  sliding_window=kind.sliding_window, logit_softcap=config.attn_logit_softcap)  # [T, Hq, D]
+    x = x + _post_norm(reduce(linear(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels)), lp.post_attn_norm,
+                       config)
+    h = _norm(x, lp.mlp_norm, config)
+    mlp = reduce(gated_mlp(h, lp.w_gate_up, lp.w_down, kernels, config.arch.activation))
+    return x + _post_norm(mlp, lp.post_mlp_norm, config), k_pool, v_pool
 
 
-def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
+def _norm(x: jax.Array, weight: jax.Array, config: ModelConfig) -> jax.Array:
+    return rms_norm(x, weight, config.rms_norm_eps, config.arch.norm_offset)
+
+
+def _post_norm(x: jax.Array, weight: jax.Array | None, config: ModelConfig) -> jax.Array:
+    """Gemma's norm of a sublayer's output before the residual add (x itself in the other families)."""
+    return x if weight is None else _norm(x, weight, config)
+
+
+def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | None = None,
+                   softcap: float | None = None) -> jax.Array:
     """Final-normed hidden states [R, H] -> logits [R, V] float32, through the (tied or untied) LM head; the first
-    vocab_size columns when the head is padded (tensor_parallel.py pads it to a multiple of the devices)."""
+    vocab_size columns when the head is padded (tensor_parallel.py pads it to a multiple of the devices); softcap
+    (config.final_logit_softcap, Gemma 2): logits -> c * tanh(logits / c)."""
     lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
     logits = jax.lax.dot_general(hidden, lm_head, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    return logits if vocab_size is None or vocab_size == logits.shape[1] else logits[:, :vocab_size]
+    logits = logits if vocab_size is None or vocab_size == logits.shape[1] else logits[:, :vocab_size]
+    return soft_cap(logits, softcap)
 
 
 def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels):

@@ -40,6 +40,10 @@ class LayerParams:  # one layer's weights
     w_gate_up: Weight  # [2*F, H]: rows gate, then up
     w_down: Weight  # [H, F]
     b_qkv: Optional[jax.Array] = None  # [(Hq + 2*Hkv)*D]  (Qwen2)
+    q_norm: Optional[jax.Array] = None  # [D]  per-head norm of q before rope (Qwen3, Gemma 3)
+    k_norm: Optional[jax.Array] = None  # [D]  per-head norm of k before rope
+    post_attn_norm: Optional[jax.Array] = None  # [H]  after attention, before the residual add (Gemma 2/3)
+    post_mlp_norm: Optional[jax.Array] = None  # [H]  after the MLP, before the residual add (Gemma 2/3)
 
 
 @struct.dataclass
@@ -54,7 +58,8 @@ class LlamaParams:
         return self.replace(layers=tuple(fn(layer) for layer in self.layers))
 
 
-LINEAR_FIELDS = ("w_qkv", "wo", "w_gate_up", "w_down")  # the LayerParams fields that hold any weight format
+LINEAR_FIELDS = ("w_qkv", "wo", "w_gate_up", "w_down")
+NORM_FIELDS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")  # the LayerParams fields that hold any weight format
 
 # fused LayerParams field -> the checkpoint fields joined along the output axis, in this order
 FUSED_FIELDS = {"w_qkv": ("wq", "wk", "wv"), "b_qkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
@@ -62,15 +67,24 @@ _FUSED_PARTS = {part for parts in FUSED_FIELDS.values() for part in parts}
 
 
 def checkpoint_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of one layer's tensors as checkpoints store them (q, k, v, gate and up apart), without [L]."""
-    h, f = config.hidden_size, config.intermediate_size
-    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    """Shape of one layer's tensors as checkpoints store them (q, k, v, gate and up apart, unless the family's
+    checkpoints fuse them: Phi-3), without [L]; the family's extra norms included (architecture.py)."""
+    h, f, d, arch = config.hidden_size, config.intermediate_size, config.head_dim, config.arch
+    q, kv = config.num_heads * d, config.num_kv_heads * d
     shapes = {
         "attn_norm": (h,), "wq": (q, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, q),
         "mlp_norm": (h,), "w_gate": (f, h), "w_up": (f, h), "w_down": (h, f),
     }
+    if arch.fused_checkpoint:
+        for name in ("wq", "wk", "wv", "w_gate", "w_up"):
+            del shapes[name]
+        shapes.update(w_qkv=(q + 2 * kv, h), w_gate_up=(2 * f, h))
     if config.qkv_bias:
         shapes.update(bq=(q,), bk=(kv,), bv=(kv,))
+    if arch.qk_norm:
+        shapes.update(q_norm=(d,), k_norm=(d,))
+    if arch.sandwich_norms:
+        shapes.update(post_attn_norm=(h,), post_mlp_norm=(h,))
     return shapes
 
 
@@ -79,7 +93,7 @@ def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     parts = checkpoint_layer_shapes(config)
     shapes = {k: v for k, v in parts.items() if k not in _FUSED_PARTS}
     for fused, names in FUSED_FIELDS.items():
-        if names[0] in parts:
+        if names[0] in parts and fused not in parts:
             shapes[fused] = (sum(parts[n][0] for n in names), *parts[names[0]][1:])
     return shapes
 
@@ -123,7 +137,8 @@ def random_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale:
     values = [scale * jax.random.normal(k, s.shape, jnp.float32) for k, s in zip(keys, leaves)]
     params = jax.tree_util.tree_unflatten(treedef, values)
     params = params.replace(final_norm=jnp.ones_like(params.final_norm)).map_layers(
-        lambda layer: layer.replace(attn_norm=jnp.ones_like(layer.attn_norm), mlp_norm=jnp.ones_like(layer.mlp_norm)))
+        lambda layer: layer.replace(**{f: jnp.ones_like(getattr(layer, f)) for f in NORM_FIELDS
+                                       if getattr(layer, f) is not None}))
     return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 

@@ -43,6 +43,7 @@ PARAM_AXES = {
     "attn_norm": ("embed",), "mlp_norm": ("embed",),
     "w_qkv": ("heads", "embed"), "b_qkv": ("heads",), "wo": ("embed", "heads"),
     "w_gate_up": ("mlp", "embed"), "w_down": ("embed", "mlp"),
+    "q_norm": ("head_dim",), "k_norm": ("head_dim",), "post_attn_norm": ("embed",), "post_mlp_norm": ("embed",),
 }
 KV_POOL_AXES = ("layers", "blocks", "kv_heads", "block_offset", "head_dim")  # [L, N, Hkv, B, D]
 AXIS_RULES = {"heads": TP_AXIS, "kv_heads": TP_AXIS, "mlp": TP_AXIS, "vocab": TP_AXIS}
@@ -230,7 +231,7 @@ def forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config:
     """(logits [R, V] float32 at batch.logits_indices, kv_cache): forward_hidden and the LM head (its vocabulary
     shards, when split, joined by XLA)."""
     hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, kernels=kernels, mesh=mesh)
-    return compute_logits(params, hidden, config.vocab_size), kv_cache
+    return compute_logits(params, hidden, config.vocab_size, config.final_logit_softcap), kv_cache
 
 
 def _all_reduce(partial: jax.Array) -> jax.Array:

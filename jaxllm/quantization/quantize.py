@@ -41,6 +41,18 @@ class QuantizeSummary:
     alphas: dict  # scale group -> the alpha chosen in each layer (AWQ)
 
 
+QUANTIZABLE_ARCHITECTURES = ("llama", "mistral", "qwen2")  # the layout quantization/dense_forward.py computes
+
+
+def check_architecture(config) -> None:
+    """ValueError naming the family when the calibration forward does not compute it (its own norms, q/k norms,
+    windows or soft-caps; an AWQ checkpoint of it made elsewhere still loads where its format allows)."""
+    if config.architecture not in QUANTIZABLE_ARCHITECTURES or config.sliding_window is not None:
+        raise ValueError(f"jaxllm's quantizer supports {', '.join(QUANTIZABLE_ARCHITECTURES)} models without a "
+                         f"sliding window; this is a {config.architecture} model"
+                         + (f" with sliding_window {config.sliding_window}" if config.sliding_window else ""))
+
+
 def quantize_model(model: str | os.PathLike | None, output_dir: str | os.PathLike, method: str = "awq",
                    group_size: int = 128, calibration_file: str | os.PathLike | None = None, clip: bool = True,
                    n_grid: int = 20, max_calibration_tokens: int = 65536, progress: bool = True) -> QuantizeSummary:
@@ -51,6 +63,7 @@ def quantize_model(model: str | os.PathLike | None, output_dir: str | os.PathLik
     source = resolve_model(model)
     config = peek_config(source)
     if config is not None:
+        check_architecture(config)
         check_group_size(config, group_size)
     text = calibration.read_text(calibration_file) if method == "awq" else None
     loaded = load_host_model(model, "float32")
@@ -75,6 +88,7 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
     check_method(method)
     output_dir = check_output_dir(output_dir)
     config = loaded.config
+    check_architecture(config)
     check_group_size(config, group_size)
     layers, glob = split_layers(loaded.params, config), global_weights(loaded.params)
     awq = method == "awq"

@@ -16,7 +16,8 @@ from tests.tiny_models import permute_rope_rows, write_gguf
 
 GGUF_VARIANTS = ["llama2", "smollm2", "mistral", "qwen2"]  # llama3's rope scaling is a GGUF tensor: refused
 # Max abs weight error allowed, as a fraction of the tensor's max abs value, per storage type.
-QUANT_TOLERANCE = {Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 1e-2, Q.Q4_0: 0.15, Q.Q4_1: 0.15}
+QUANT_TOLERANCE = {Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 1e-2, Q.Q4_0: 0.15, Q.Q4_1: 0.15, Q.Q5_0: 0.08,
+                   Q.Q5_1: 0.08}
 
 
 def _leaves(params):
@@ -88,10 +89,10 @@ def test_k_quant_tensors_are_dequantized(qtype, tmp_path):
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
-    raw = np.zeros((256, 22 * 8), np.uint8)  # Q5_0: 22 bytes per 32 elements
-    path = write_gguf(_kquant_model(), tmp_path / "q5.gguf",
-                      tensor_overrides={"blk.0.ffn_up.weight": (raw, Q.Q5_0)})
-    with pytest.raises(ModelLoadError, match=r"q5\.gguf.*blk\.0\.ffn_up\.weight.*unsupported GGUF type Q5_0"):
+    raw = np.zeros((256, 84), np.uint8)  # Q2_K: 84 bytes per 256 elements
+    path = write_gguf(_kquant_model(), tmp_path / "q2.gguf",
+                      tensor_overrides={"blk.0.ffn_up.weight": (raw, Q.Q2_K)})
+    with pytest.raises(ModelLoadError, match=r"q2\.gguf.*blk\.0\.ffn_up\.weight.*unsupported GGUF type Q2_K"):
         load_model(path)
 
 

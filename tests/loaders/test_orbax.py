@@ -11,7 +11,8 @@ from jaxllm import ModelLoadError, load_model
 from jaxllm.loaders import load_checkpoint, save_checkpoint
 
 
-@pytest.mark.parametrize("ckpt_variant", ["llama3", "qwen2"])  # rope scaling and biases survive the round trip
+# rope scalings of each kind, biases, q/k norms, post-norms, windows, soft-caps and two rope bases survive it
+@pytest.mark.parametrize("ckpt_variant", ["llama3", "qwen2", "gemma3", "gemma2", "phi3", "qwen2_yarn"])
 def test_round_trip(ckpt_variant, tiny_model_dir, tmp_path):
     original = load_model(tiny_model_dir(ckpt_variant)[0], dtype="bfloat16")
     save_checkpoint(tmp_path / "ckpt", original.config, original.params)

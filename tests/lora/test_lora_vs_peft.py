@@ -25,6 +25,11 @@ CASES = [
                                             "down_proj"))),
     ("qwen2", dict(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))),
     ("smollm2", dict(rank=6, alpha=4.0, use_rslora=True, target_modules=("k_proj", "o_proj", "up_proj"))),
+    # new families: Qwen3 (q/k norms), Gemma 2 (soft-caps, window, sandwich norms), Phi-3's fused module names
+    ("qwen3", dict(rank=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                           "down_proj"))),
+    ("gemma2", dict(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "up_proj", "down_proj"))),
+    ("phi3", dict(rank=8, target_modules=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))),
 ]
 
 
@@ -33,7 +38,8 @@ CASES = [
 def test_logits_equal_the_merged_peft_model(arch, options, tiny_model_dir, peft_adapter):
     directory, hf_model = tiny_model_dir(arch)
     adapter_dir, merged = peft_adapter(arch, "a", **options)
-    other_dir, other_merged = peft_adapter(arch, "b", rank=2, target_modules=("q_proj", "gate_proj"))
+    other_targets = ("qkv_proj", "gate_up_proj") if arch == "phi3" else ("q_proj", "gate_proj")
+    other_dir, other_merged = peft_adapter(arch, "b", rank=2, target_modules=other_targets)
     loaded = load_model(directory)
     config = loaded.config
     slots = device_slots.init_slots(config, 3, MAX_RANK, jnp.float32)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from jaxllm import load_model
-from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, select_kernels
 
 F32_TOL = 1e-4  # max abs logit difference (logits have std ~0.8 on these models)
 BF16_REL_TOL = 0.04  # bf16: max abs difference / max abs logit, vs HF running in bf16 (measured <= 0.016)
@@ -31,6 +31,12 @@ def hf_logits(model, token_ids, dtype=torch.float32) -> np.ndarray:
     return out.float().numpy()
 
 
+def model_forward(config, attention: str = "auto"):
+    """The jitted forward with the default kernels (on CPU the native attention kernel, windows and soft-cap
+    included), or with the attention implementation named."""
+    return jit_forward(config, select_kernels(attention=attention))
+
+
 def shuffled_blocks(seed: int) -> list[int]:
     """All block ids except the null block 0, in a random order, so tables are non-contiguous."""
     return list(np.random.RandomState(seed).permutation(np.arange(1, NUM_BLOCKS)))
@@ -44,7 +50,7 @@ def test_prefill_matches_hf(variant, tiny_model_dir):
     batch = build_step_batch([SequenceChunk(tokens, 0, blocks, want_logits="all")], BLOCK_SIZE,
                              num_tokens=32, num_seqs=2, max_blocks=8)  # padded token, sequence and block slots
     kv = init_kv_cache(loaded.config, NUM_BLOCKS, BLOCK_SIZE)
-    logits, _ = jit_forward(loaded.config)(loaded.params, kv, batch)
+    logits, _ = model_forward(loaded.config)(loaded.params, kv, batch)
     np.testing.assert_allclose(np.asarray(logits)[:len(tokens)], hf_logits(hf_model, tokens), atol=F32_TOL, rtol=0)
 
 
@@ -67,7 +73,7 @@ def test_mixed_paged_steps_match_hf(variant, dtype, tiny_model_dir):
     free = shuffled_blocks(4)
     tables = {s: [free.pop() for _ in range(-(-total[s] // BLOCK_SIZE))] for s in "ABC"}
 
-    forward = jit_forward(config)
+    forward = model_forward(config)
     kv = init_kv_cache(config, NUM_BLOCKS, BLOCK_SIZE, dtype=loaded.params.embed.dtype)
     done = {s: 0 for s in "ABC"}
     for step in SCHEDULE:

@@ -1,0 +1,32 @@
+"""AWQ where the formats do not allow it is refused with a message naming the family: Phi-3's fused linears in
+an AutoAWQ checkpoint, and jaxllm's quantizer on families its calibration forward does not compute."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from jaxllm import ModelLoadError, load_model
+from jaxllm.loaders import load_host_model
+from jaxllm.quantization.quantize import quantize_loaded
+
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 16, "zero_point": True, "version": "gemm"}
+
+
+def test_phi3_awq_checkpoint_is_refused(tiny_model_dir, tmp_path):
+    source = tiny_model_dir("phi3")[0]
+    target = tmp_path / "phi3-awq"
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "quantization_config": AWQ_CONFIG}))
+    with pytest.raises(ModelLoadError, match="AWQ checkpoints of phi3"):
+        load_model(target)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "mistral_window"])
+def test_quantizer_refuses_families_it_does_not_compute(family, tiny_model_dir, tmp_path):
+    loaded = load_host_model(tiny_model_dir(family)[0], "float32")
+    with pytest.raises(ValueError, match=f"quantizer supports .* this is a {loaded.config.architecture} model"):
+        quantize_loaded(loaded, None, tmp_path / "out", "rtn", 16)
