@@ -42,9 +42,10 @@ class SpeculativeConfig:
         if k > MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config: num_speculative_tokens must be <= {MAX_SPECULATIVE_TOKENS}, "
                              f"got {k}")
-        lo, hi = fields.get("prompt_lookup_min"), fields.get("prompt_lookup_max")
-        lo = _positive_int(fields, "prompt_lookup_min", 5 if hi is None else hi)
-        hi = _positive_int(fields, "prompt_lookup_max", lo)
+        given = {name: _positive_int(fields, name, None) for name in ("prompt_lookup_min", "prompt_lookup_max")
+                 if fields.get(name) is not None}
+        lo = given.get("prompt_lookup_min", given.get("prompt_lookup_max", 5))
+        hi = given.get("prompt_lookup_max", lo)
         if lo > hi:
             raise ValueError(f"speculative_config: prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
         return cls(method, k, lo, hi)
