@@ -177,3 +177,87 @@ def test_after_warmup_speculation_compiles_nothing(tiny_model_with_tokenizer):
         _run_workload(engine, seed=5, num_requests=20)
     assert compiles.count == 0, compiles.events
     assert engine.stats()["spec_decode_num_drafts"] > 0
+
+
+# ---------------------------------------------------------------------------------------------- random sampling
+TEMPERATURE = 0.15
+
+
+def _next_token_probs(loaded, forward, tokens: list[int]) -> np.ndarray:
+    """[V] the model's next-token distribution after `tokens` at TEMPERATURE (one plain forward)."""
+    from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache
+    from jaxllm.model.params import params_dtype
+    block_size = 16
+    table = [1, 2, 3]
+    kv = init_kv_cache(loaded.config, 4, block_size, params_dtype(loaded.params))
+    batch = build_step_batch([SequenceChunk(tokens, 0, table)], block_size, num_tokens=48, max_blocks=3)
+    logits, _ = forward(loaded.params, kv, batch)
+    z = np.asarray(logits[0], np.float64) / TEMPERATURE
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+def _looping_context(model, loaded) -> tuple[list[int], int, int, np.ndarray, np.ndarray]:
+    """(prompt, g, d, p0, p1): a random tiny model decoding greedily falls into a loop, so after a prompt that ends
+    inside the loop its likely next token g is followed by the n-gram proposal d (the loop's next token); p0 is
+    the distribution after prompt + g, p1 the one after prompt + g + d, and the two differ (TV >= 0.3)."""
+    from jaxllm.llm import LLM
+    from jaxllm.model import jit_forward
+    llm = LLM(str(model), skip_tokenizer=True, max_model_len=64, block_size=4)
+    forward = jit_forward(loaded.config)
+    rng = np.random.RandomState(0)
+    for _ in range(60):
+        start = rng.randint(3, 256, size=4).tolist()
+        greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, detokenize=False)
+        loop = start + llm.generate([{"prompt_token_ids": start}], greedy, use_tqdm=False)[0].outputs[0].token_ids
+        prompt, g = loop[:-2], loop[-2]
+        d = propose_ngram(np.asarray(prompt + [g], np.int32), 1, 1, 3).tolist()
+        if not d:
+            continue
+        p0 = _next_token_probs(loaded, forward, prompt + [g])
+        p1 = _next_token_probs(loaded, forward, prompt + [g, d[0]])
+        if _next_token_probs(loaded, forward, prompt)[g] >= 0.3 and p0[d[0]] >= 0.3 and \
+                0.5 * np.abs(p0 - p1).sum() >= 0.3:
+            return prompt, g, d[0], p0, p1
+    raise AssertionError("no looping context found")
+
+
+def _chi_square_pvalue(samples: list[int], probs: np.ndarray) -> float:
+    """Pearson's test of `samples` against `probs` [V]; tokens expected fewer than 5 times share one bin."""
+    from scipy.stats import chisquare
+    counts = np.bincount(np.asarray(samples, np.int64), minlength=len(probs)).astype(np.float64)
+    expected = probs * len(samples)
+    big = expected >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    keep = expected > 0
+    return float(chisquare(observed[keep], expected[keep]).pvalue)
+
+
+@pytest.mark.slow
+def test_random_sampling_with_speculation_follows_the_target_distribution(tiny_model_dir):
+    """Seeded requests sample three tokens t1 t2 t3 after a looping context: t1 comes from the prefill; when it
+    is g, the next step verifies the proposal d: t2 comes from the row after g and, when t2 = d (accepted), t3
+    from the row after d. Those must follow p(. | prompt, g) and p(. | prompt, g, d); t3 tested against the
+    former must fail (the test can tell the rows apart)."""
+    from jaxllm import load_model
+    from jaxllm.llm import LLM
+    model = tiny_model_dir("llama3")[0]
+    prompt, g, d, p0, p1 = _looping_context(model, load_model(model))
+    llm = LLM(str(model), skip_tokenizer=True, max_model_len=64, block_size=4, max_num_seqs=64,
+              max_num_batched_tokens=512, speculative_config={**NGRAM, "num_speculative_tokens": 2})
+    seconds, thirds = [], []
+    for first_seed in range(0, 1200, 24):  # 24 at a time: sampler rows left for the proposals
+        params = [SamplingParams(temperature=TEMPERATURE, max_tokens=3, seed=seed, ignore_eos=True,
+                                 detokenize=False) for seed in range(first_seed, first_seed + 24)]
+        for output in llm.generate([{"prompt_token_ids": prompt}] * 24, params, use_tqdm=False):
+            t1, t2, t3 = output.outputs[0].token_ids
+            if t1 == g:
+                seconds.append(t2)
+                if t2 == d:
+                    thirds.append(t3)
+    stats = llm.engine.stats()
+    assert stats["spec_decode_num_drafts"] >= len(seconds) and len(thirds) > 150, (stats, len(thirds))
+    assert _chi_square_pvalue(seconds, p0) > 0.001
+    assert _chi_square_pvalue(thirds, p1) > 0.001
+    assert _chi_square_pvalue(thirds, p0) < 1e-6  # the wrong row's distribution is rejected
