@@ -1,6 +1,7 @@
 """N-gram speculative decoding against plain decoding, side by side in one run: single stream on the default
-model, greedy, k = 4 proposals, on a repetitive workload (the model asked to repeat a given text) and on random
-token-id prompts (where proposals rarely match). Requests alternate between the two engines, so both see the same
+model, k = 4 proposals, on a repetitive workload (the model asked to repeat a given text, greedy), on random
+token-id prompts decoded greedily (where the small model tends to fall into loops, which proposals match) and on
+random prompts sampled at temperature 1 with seeds (where proposals rarely match). Requests alternate between the two engines, so both see the same
 machine load.
 
     python benchmarks/spec_decode.py [--max-tokens 96] [--num-prompts 3] [--k 4]
@@ -53,6 +54,9 @@ def main() -> None:
                        for text in TEXTS[:args.num_prompts]],
         "random": [{"prompt_token_ids": rng.randint(100, 49000, size=64).tolist()} for _ in range(args.num_prompts)],
     }
+    workloads["random-sampled"] = workloads["random"]
+    sampled = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens, ignore_eos=True)
+               for i in range(args.num_prompts)]
     for llm in engines.values():  # warm-up built every program; one request each first (not timed)
         llm.chat(workloads["repetitive"][:1], SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
         llm.generate(workloads["random"][:1], SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
@@ -60,10 +64,10 @@ def main() -> None:
     for name, prompts in workloads.items():
         totals = {engine: [0, 0.0] for engine in engines}
         before = engines["ngram"].engine.stats()
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             for engine, llm in engines.items():
                 run = llm.chat if name == "repetitive" else llm.generate
-                outputs = run([prompt], greedy, use_tqdm=False)
+                outputs = run([prompt], sampled[i] if name == "random-sampled" else greedy, use_tqdm=False)
                 tokens, seconds = decode_rate(outputs)
                 totals[engine][0] += tokens
                 totals[engine][1] += seconds
