@@ -231,13 +231,16 @@ class SamplingTable:
         """A token is being sampled for each of `rows` [N] (distinct): see RowSampling.expect_token."""
         self.num_output[rows] += 1
 
-    def pack(self, rows: np.ndarray, num_rows: int) -> SamplingBatch:
-        """The SamplingBatch of `rows` [N], in order, padded to num_rows; state None."""
+    def pack(self, rows: np.ndarray, num_rows: int, offsets: np.ndarray | None = None) -> SamplingBatch:
+        """The SamplingBatch of `rows` [N], in order, padded to num_rows; state None. offsets [N] (speculative
+        decoding: a request's rows repeat, one per token of its run): added to each row's noise counter."""
         if len(rows) > num_rows:
             raise ValueError(f"{len(rows)} rows do not fit in num_rows={num_rows}")
         index = np.full(num_rows, self.pad_row, np.intp)  # [S]
         index[:len(rows)] = rows
         counts = self.num_output[index]
+        if offsets is not None:
+            counts[:len(rows)] += offsets
         masks_stop_ids = counts < self.stop_ids_until[index]
         return SamplingBatch(
             temperature=self.temperature[index], is_greedy=self.is_greedy[index], top_k=self.top_k[index],

@@ -20,6 +20,7 @@ import numpy as np
 from jaxllm.config import CacheConfig, LoRAConfig, ParallelConfig, SchedulerConfig
 from jaxllm.engine import compilation_cache, distributed
 from jaxllm.engine.generation_config import check_override, override_from_json
+from jaxllm.spec_decode import config as spec_config
 from jaxllm.structured_outputs.params import StructuredOutputsConfig, config_from_json
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.loaders.awq import check_quantization_name
@@ -99,6 +100,11 @@ class EngineArgs:
                                                         "without free whitespace by default), "
                                                         "disable_additional_properties, disable_fallback",
                                                   parse=config_from_json)
+    speculative_config: dict | None = _arg(None, "JSON object of speculative decoding settings (vLLM's): "
+                                                 "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                                                 "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}' "
+                                                 "(n-gram proposals only; a draft model is not supported)",
+                                           parse=spec_config.config_from_json)
     attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, else cpu (the native "
                                           "kernel, built at first use) or reference where it cannot be built",
                           ATTENTION_CHOICES)
@@ -154,6 +160,7 @@ class EngineArgs:
             StructuredOutputsConfig.from_dict(self.structured_outputs_config)
         except ValueError as e:
             raise ValueError(f"structured_outputs_config: {e}") from None
+        spec_config.SpeculativeConfig.from_dict(self.speculative_config)  # its errors name speculative_config
         self.process_group()  # num_processes, process_id and coordinator_address (or their variables) agree
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")

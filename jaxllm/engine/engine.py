@@ -12,6 +12,11 @@ and sends the sampler, while the device runs the step's forward.
 A token sampled for a request that step t stopped is dropped, so outputs are those of one step at a time. Every
 mix of requests is scheduled ahead: penalties are counted on the device (the runner's LogitState).
 
+Speculative decoding (speculative_config): n-gram proposals are made from the host's tokens, so while a running
+request may speculate no step is dispatched ahead of the one in flight (async overlap resumes once none may:
+requests that cannot speculate, or whose acceptance stayed low, see spec_decode/eligibility.py). A run of
+verified tokens is reported token by token (stop strings end it inside the run; later tokens are dropped).
+
 Single-threaded: callers (the offline LLM, the server's engine loop) call step() repeatedly; aborts and new
 requests are applied between steps.
 """
@@ -49,6 +54,7 @@ from jaxllm.model.kernels import select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.spec_decode.config import SpeculativeConfig
 from jaxllm.structured_outputs.compiler import GrammarCompiler
 from jaxllm.structured_outputs.params import StructuredOutputsConfig
 from jaxllm.structured_outputs.request_state import RequestGrammar
@@ -95,8 +101,9 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
                                   kernels=kernels, eos_token_ids=self.eos_token_ids, mesh=self.mesh, lora=self.lora)
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
+        self.speculative_config = SpeculativeConfig.from_dict(args.speculative_config)
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
-                                   self.lora)
+                                   self.lora, self.speculative_config)
         if self.lora is not None:  # the adapters of the requests in the engine stay in the host cache
             self.lora.in_use = lambda: {r.lora_int_id for r in self.scheduler.requests.values()}
         self.processor = OutputProcessor(self.tokenizer)
@@ -244,7 +251,8 @@ class LLMEngine:
         """Send steps to the device: one when none is in flight, and one more ahead under async scheduling (not
         past a step whose sampler waits for its bitmask: the next forward reads that step's tokens)."""
         depth = 2 if self.async_scheduling else 1
-        while len(self._inflight) < depth and not (self._inflight and self._inflight[-1][1].awaits_bitmask):
+        while len(self._inflight) < depth and not (self._inflight and (self._inflight[-1][1].awaits_bitmask or
+                                                                      self._holds_back_for_proposals())):
             out = self.scheduler.schedule()
             if not out.chunks:
                 self.runner.forget(out.finished_request_ids)
@@ -256,6 +264,13 @@ class LLMEngine:
                     self.processor.mark_scheduled(request, now)
                 constrained |= chunk.samples and request.grammar is not None
             self._inflight.append((out, self.runner.dispatch(out, defer_sample=constrained)))
+
+    def _holds_back_for_proposals(self) -> bool:
+        """With a step in flight: whether the next one must wait for its tokens (proposals are made from them, and
+        a step with proposals changes its requests' computed-token counts when it is verified)."""
+        if self.speculative_config is None:
+            return False
+        return bool(self._inflight[-1][0].scheduled_spec_decode_tokens) or self.scheduler.speculating()
 
     def _sample_constrained(self, out: SchedulerOutput, inflight: InflightStep) -> None:
         """Fill the step's token bitmask from its requests' grammars and send its sampler."""
@@ -277,7 +292,10 @@ class LLMEngine:
     def _process(self, out: SchedulerOutput, results: StepResults) -> list[RequestOutput]:
         requests = self.scheduler.scheduled_requests(out)
         ended_before = [r.status.finished for r in requests]  # e.g. aborted while the step ran
-        self.scheduler.update(out, results.tokens)
+        runs = results.spec_tokens
+        num_before = {r.request_id: len(r.output_token_ids) for r in requests if r.request_id in runs} if runs \
+            else {}
+        self.scheduler.update(out, results.tokens, runs)
         self.num_steps += 1
         progressed = []
         for request, ended in zip(requests, ended_before):
@@ -286,6 +304,10 @@ class LLMEngine:
             request_id = request.request_id
             if request_id in results.prompt_logprobs:
                 self.processor.record_prompt_logprobs(request, results.prompt_logprobs[request_id])
+            if request_id in num_before:
+                self._record_run(request, num_before[request_id], results.spec_logprobs.get(request_id))
+                progressed.append(request)
+                continue
             token_id = results.tokens.get(request_id)
             if token_id is None:
                 continue
@@ -296,6 +318,23 @@ class LLMEngine:
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop)
             progressed.append(request)
         return self.processor.outputs_for(progressed)
+
+    def _record_run(self, request: Request, num_before: int, logprobs) -> None:
+        """Report the tokens update() appended from a verified run, one by one; a stop string inside the run
+        ends the request there (the tokens after it are dropped)."""
+        new = request.output_token_ids[num_before:]
+        for j, token_id in enumerate(new):
+            last = j == len(new) - 1
+            stop = self.processor.record_sample(request, token_id, None if logprobs is None else logprobs[j],
+                                                last=last)
+            if stop is None:
+                continue
+            request.truncate_output(num_before + j + 1)
+            if request.status.finished:
+                request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+            else:
+                self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop)
+            return
 
     # ------------------------------------------------------------------ helpers
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -362,6 +401,7 @@ class LLMEngine:
             # and are evicted when allocation reuses them; out of num_total_blocks, the pool less the null block.
             "num_free_blocks": pool.num_free_blocks,
             "num_total_blocks": pool.num_usable_blocks,
+            **(self.scheduler.spec_stats.as_stats() if self.scheduler.spec_stats is not None else {}),
         }
 
 

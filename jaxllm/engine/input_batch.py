@@ -24,6 +24,11 @@ counts their sampled tokens from there on).
 
     logits rows:  | sampled rows, chunk order | padding | prompt-logprob rows | padding |
                     0 .. S-1                            S_max ..
+
+Speculative decoding: a chunk with proposals (SchedulerOutput.scheduled_spec_decode_tokens) is the request's
+newest token and its proposals; the proposals are written into the row's tokens past num_known (they become
+known only if verified) and the chunk has one sampled row per proposal plus one (spec_decode/sampler_rows.py).
+The step's verified runs join the rows with record_runs.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from jaxllm.model import StepBatch
 from jaxllm.model.step_batch import lay_out_tokens
 from jaxllm.model.kv_cache import NULL_BLOCK
 from jaxllm.sampling_batch import LogitState, RowSampling, SamplingBatch, SamplingTable
+from jaxllm.spec_decode.sampler_rows import SpecRows, spec_rows
 
 
 class CachedRequest:
@@ -101,6 +107,7 @@ class StepInputs:
     logit_writes: list[tuple[int, LogitState]]  # (slot, its rows [V]) of requests taken on in this step
     prompt_spans: list[PromptSpan]
     prompt_targets: np.ndarray  # [P'] int32: the token each prompt-logprob row scores (P' % PROMPT_ROWS == 0)
+    spec: SpecRows | None = None  # a step with proposals: each sampled chunk's sampler rows and proposals
 
 
 class InputBatch:
@@ -144,27 +151,39 @@ class InputBatch:
         q_lens = np.fromiter((c.num_new_tokens for c in chunks), np.int32, num_chunks)  # [N]
         starts = np.fromiter((c.num_computed_before for c in chunks), np.int32, num_chunks)  # [N]
         samples = np.fromiter((c.samples for c in chunks), bool, num_chunks)  # [N]
-        batch, prev_rows, key = self._step_batch(rows, q_lens, starts)
+        drafts = out.scheduled_spec_decode_tokens
+        num_drafts = self._write_proposals(chunks, rows, drafts) if drafts else None  # [N]
+        batch, prev_rows, key = self._step_batch(rows, q_lens, starts, num_drafts)
         if self.lora:
             batch = batch.replace(lora_slots=self._lora_slots(out, cached, q_lens, len(batch.token_ids)))
         sampled_chunks = np.flatnonzero(samples)  # [N'] in chunk order
-        batch.logits_indices[:len(sampled_chunks)] = \
-            batch.query_start_loc[sampled_chunks] + q_lens[sampled_chunks] - 1
+        spec = None
+        if num_drafts is None:
+            batch.logits_indices[:len(sampled_chunks)] = \
+                batch.query_start_loc[sampled_chunks] + q_lens[sampled_chunks] - 1
+        else:
+            proposals = [drafts.get(chunks[i].request_id, ()) for i in sampled_chunks.tolist()]
+            spec, logits_rows, chunk_of_row, offsets = spec_rows(sampled_chunks, num_drafts, batch.query_start_loc,
+                                                                 q_lens, proposals)
+            batch.logits_indices[:len(logits_rows)] = logits_rows
         spans = self._prompt_spans(chunks, cached)
         targets = self._prompt_rows(chunks, spans, batch)
         sampled_rows = rows[sampled_chunks]
         sample_key = sampling = None
-        if len(sampled_rows):
+        if spec is not None:
+            sample_key = self.buckets.sample_key(spec.num_rows)
+            sampling = self.sampling.pack(rows[chunk_of_row], sample_key.size, offsets)
+        elif len(sampled_rows):
             sample_key = self.buckets.sample_key(len(sampled_rows))
             sampling = self.sampling.pack(sampled_rows, sample_key.size)
         writes, self._logit_writes = self._logit_writes, []
         return StepInputs(key, batch, prev_rows, [cached[i] for i in sampled_chunks.tolist()], sampled_rows,
-                          self.generation[sampled_rows], sample_key, sampling, writes, spans, targets)
+                          self.generation[sampled_rows], sample_key, sampling, writes, spans, targets, spec)
 
     def commit(self, inputs: StepInputs) -> None:
         """The step is dispatched: each sampled request now has a token on its way, in this sampler row."""
         rows = inputs.sampled_rows
-        self.sample_row[rows] = np.arange(len(rows))
+        self.sample_row[rows] = np.arange(len(rows)) if inputs.spec is None else inputs.spec.first_rows
         self.sampling.advance(rows)
 
     def record_sampled(self, inputs: StepInputs, tokens: np.ndarray) -> None:
@@ -174,6 +193,27 @@ class InputBatch:
         rows = inputs.sampled_rows[held]
         self.tokens[rows, self.num_known[rows]] = tokens[held]
         self.num_known[rows] += 1
+
+    def record_runs(self, inputs: StepInputs, runs: list[np.ndarray]) -> None:
+        """A step with proposals: each sampled chunk's verified run (1 + its accepted proposals) joins its row, and
+        the row's noise counter moves on past the accepted ones (commit counted one)."""
+        held = self.generation[inputs.sampled_rows] == inputs.sampled_generations
+        for row, run in zip(inputs.sampled_rows[held].tolist(), [r for r, h in zip(runs, held) if h]):
+            known = self.num_known[row]
+            self.tokens[row, known:known + len(run)] = run
+            self.num_known[row] += len(run)
+            self.sampling.num_output[row] += len(run) - 1
+
+    def _write_proposals(self, chunks, rows: np.ndarray, drafts: dict[str, list[int]]) -> np.ndarray:
+        """[N] each chunk's proposals, written into its row's tokens past the known ones."""
+        num_drafts = np.zeros(len(chunks), np.int32)
+        for i, chunk in enumerate(chunks):
+            proposals = drafts.get(chunk.request_id)
+            if proposals:
+                row, known = rows[i], self.num_known[rows[i]]
+                self.tokens[row, known:known + len(proposals)] = proposals
+                num_drafts[i] = len(proposals)
+        return num_drafts
 
     def _cached(self, chunk: ScheduledChunk) -> CachedRequest:
         if chunk.new is not None:
@@ -214,27 +254,30 @@ class InputBatch:
         cached = self.requests[new.request_id] = CachedRequest(new, row, self)
         return cached
 
-    def _step_batch(self, rows, q_lens, starts) -> tuple[StepBatch, np.ndarray, ProgramKey]:
-        """The forward's arrays, padded to its bucket: T tokens, min(T, max_num_seqs) sequence rows."""
+    def _step_batch(self, rows, q_lens, starts, num_drafts=None) -> tuple[StepBatch, np.ndarray, ProgramKey]:
+        """The forward's arrays, padded to its bucket: T tokens, min(T, max_num_seqs) sequence rows; num_drafts
+        [N] (or None): the proposals each chunk ends with, whose values are in the rows past num_known."""
         key = self.buckets.forward_key(int(q_lens.sum()), decode_only=bool(q_lens.max() <= 1))
         num_tokens, num_rows = key.size, self.buckets.num_seq_rows(key.size)
         block_tables = np.full((num_rows, self.max_blocks), NULL_BLOCK, np.int32)  # [S, MB]
         block_tables[:len(rows)] = self.block_table[rows]
         positions, slot_mapping, context_lens, query_start_loc = lay_out_tokens(q_lens, starts, block_tables,
                                                                                 num_tokens, self.block_size)
-        token_ids, prev_rows = self._token_ids(rows, q_lens, positions)
+        token_ids, prev_rows = self._token_ids(rows, q_lens, positions, num_drafts)
         logits_indices = np.zeros(self.buckets.num_logits_rows, np.int32)
         batch = StepBatch(token_ids, positions, slot_mapping, block_tables, context_lens, query_start_loc,
                           logits_indices, decode_only=key.decode_only)
         return batch, prev_rows, key
 
-    def _token_ids(self, rows, q_lens, positions) -> tuple[np.ndarray, np.ndarray]:
+    def _token_ids(self, rows, q_lens, positions, num_drafts=None) -> tuple[np.ndarray, np.ndarray]:
         """[T] each token's id where its value is here (0 elsewhere); [T] prev_rows: the previous step's sampler
         row where the value is still on the device (-1 elsewhere)."""
         total = int(q_lens.sum())
         row_of = np.repeat(rows, q_lens)  # [total] each token's batch row
         pos = positions[:total]
         known = pos < self.num_known[row_of]  # [total]
+        if num_drafts is not None:  # proposals: their values are in the rows, past num_known
+            known = pos < self.num_known[row_of] + np.repeat(num_drafts, q_lens)
         token_ids = np.zeros(len(positions), np.int32)
         token_ids[:total] = np.where(known, self.tokens[row_of, pos], 0)
         prev_rows = np.full(len(positions), -1, np.int32)

@@ -89,9 +89,11 @@ class OutputProcessor:
         return RequestState(request, detok, [] if params.logprobs is not None else None,
                             0.0 if request.needs_sample_logprobs else None)
 
-    def record_sample(self, request: Request, token_id: int, result: SampleResult | None) -> str | None:
+    def record_sample(self, request: Request, token_id: int, result: SampleResult | None,
+                      last: bool = True) -> str | None:
         """Account for the token the scheduler just appended (`result`: its logprobs, there when the request needs
-        them); returns the stop string it completed, if any."""
+        them); returns the stop string it completed, if any. last: False for a token of a verified run that
+        others follow (the request's end, if it ended, is at the run's last token)."""
         state = self._child_state(request)
         if state.logprobs is not None:
             asked = bool(request.sampling_params.logprob_token_ids)  # then no rank: the ids are the user's
@@ -104,8 +106,8 @@ class OutputProcessor:
         if state.detokenizer is None:
             return None
         status = request.status
-        stop_terminated = status is RequestStatus.FINISHED_STOPPED  # EOS or a stop token id ended it
-        state.unsent_text += state.detokenizer.update([token_id], finished=status.finished,
+        stop_terminated = last and status is RequestStatus.FINISHED_STOPPED  # EOS or a stop token id ended it
+        state.unsent_text += state.detokenizer.update([token_id], finished=last and status.finished,
                                                       stop_terminated=stop_terminated)
         return state.detokenizer.finished_by_stop
 

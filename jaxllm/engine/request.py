@@ -7,6 +7,7 @@ import enum
 import time
 
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.spec_decode.eligibility import AcceptanceTracker
 from jaxllm.structured_outputs.request_state import RequestGrammar
 
 
@@ -53,6 +54,8 @@ class Request:
     first_token_time: float | None = None
     length_limit: int = 0  # max_total_tokens under the scheduler's max_model_len (set when it is added)
     grammar: RequestGrammar | None = None  # structured outputs: the grammar its output follows
+    spec: AcceptanceTracker | None = None  # speculative decoding: None, it never speculates
+    num_spec_in_flight: int = 0  # proposals in a dispatched step, verified when its results come back
 
     def __post_init__(self):
         self._all_token_ids = self.prompt_token_ids + self.output_token_ids
@@ -65,6 +68,11 @@ class Request:
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
+
+    def truncate_output(self, num_output: int) -> None:
+        """Keep the first num_output outputs (a stop string ended it inside a run of speculated tokens)."""
+        del self.output_token_ids[num_output:]
+        del self._all_token_ids[self.num_prompt_tokens + num_output:]
 
     @property
     def needs_sample_logprobs(self) -> bool:

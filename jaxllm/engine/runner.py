@@ -38,6 +38,7 @@ from jaxllm.model.kernels import Kernels, select_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
 from jaxllm.sampling_batch import bitmask_width, empty_logit_state
+from jaxllm.spec_decode.rejection import accept_run
 
 
 @dataclasses.dataclass
@@ -60,9 +61,11 @@ class TokenCounts:
 class StepResults:
     """What a step sampled, by request id."""
 
-    tokens: dict[str, int]  # every request the step sampled for
+    tokens: dict[str, int]  # every request the step sampled for without proposals
     logprobs: dict[str, SampleResult]  # those that need their tokens' logprobs (asked for, or ranked)
     prompt_logprobs: dict[str, PromptLogprobs]
+    spec_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # verified runs (proposals)
+    spec_logprobs: dict[str, list[SampleResult]] = dataclasses.field(default_factory=dict)  # their logprobs
 
 
 @dataclasses.dataclass
@@ -203,6 +206,8 @@ class ModelRunner:
         wants_logprobs = inputs.sampling is not None and bool(inputs.sampling.wants_logprobs)
         sampled = step.sampled if wants_logprobs else (step.sampled.sampled_token_ids if step.sampled else None)
         sampled, prompt_out = jax.device_get((sampled, step.prompt_out))  # the step's one device-to-host copy
+        if inputs.spec is not None:
+            return self._verified(inputs, sampled, wants_logprobs, prompt_out)
         tokens = np.zeros(0, np.int32) if sampled is None else \
             np.asarray(sampled.sampled_token_ids if wants_logprobs else sampled)[:len(inputs.sampled)]  # [N]
         self.inputs.record_sampled(inputs, tokens)
@@ -214,6 +219,30 @@ class ModelRunner:
                     logprobs[cached.request_id] = _sample_result(sampled, row, token_ids[row], cached.data)
         return StepResults(dict(zip([c.request_id for c in inputs.sampled], token_ids)), logprobs,
                            _prompt_logprobs(inputs, prompt_out))
+
+
+    def _verified(self, inputs: StepInputs, sampled, wants_logprobs: bool, prompt_out) -> StepResults:
+        """A step with proposals: each sampled chunk's rows verified into a run (spec_decode/rejection.py), which
+        joins the runner's row; runs of chunks without proposals are their one token."""
+        spec = inputs.spec
+        rows = np.asarray(sampled.sampled_token_ids if wants_logprobs else sampled)[:spec.num_rows]  # [R]
+        runs = [accept_run(proposals, rows[first:first + len(proposals) + 1])
+                for first, proposals in zip(spec.first_rows.tolist(), spec.proposals)]
+        self.inputs.record_runs(inputs, runs)
+        results = StepResults({}, {}, _prompt_logprobs(inputs, prompt_out))
+        for cached, first, proposals, run in zip(inputs.sampled, spec.first_rows.tolist(), spec.proposals, runs):
+            request_id, run = cached.request_id, run.tolist()
+            needs_logprobs = wants_logprobs and cached.data.needs_sample_logprobs
+            if len(proposals):
+                results.spec_tokens[request_id] = run
+                if needs_logprobs:
+                    results.spec_logprobs[request_id] = [_sample_result(sampled, first + j, token, cached.data)
+                                                         for j, token in enumerate(run)]
+            else:
+                results.tokens[request_id] = run[0]
+                if needs_logprobs:
+                    results.logprobs[request_id] = _sample_result(sampled, first, run[0], cached.data)
+        return results
 
 
 def _abstract_placed(tree):

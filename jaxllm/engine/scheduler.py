@@ -19,6 +19,16 @@ before this one's tokens come back (async scheduling): a request whose newest to
 scheduled ahead may give a request one token too many (it hit EOS meanwhile): that token is dropped, never
 reported. Requests at their length limit with a token pending are not scheduled ahead; a preempted request
 keeps its pending token (update appends it while it waits) and is not admitted again before it arrives.
+
+Speculative decoding (speculative_config): a decoding request whose tokens are all known (none pending) gets
+n-gram proposals d1 .. dk; its chunk is 1 + k tokens (its newest token and the proposals: SchedulerOutput.
+scheduled_spec_decode_tokens), all counted as computed and allocated for, and it is not scheduled again until
+update() has verified them. Then the rejected proposals are rolled back: num_computed_tokens loses them, the
+accepted run is appended token by token under the stop rules (EOS, stop ids, max_tokens end it inside the run),
+and only then are full blocks registered in the prefix cache, so no rejected token is ever hashed. The blocks
+allocated for rejected positions stay the request's (its next steps fill them; its end frees them); the K/V
+written there is overwritten when those positions are computed again. Proposals take sampler rows: at most
+max_num_seqs rows per step, so k is capped by the rows no running or waiting request can need.
 """
 
 from __future__ import annotations
@@ -28,11 +38,17 @@ import logging
 import time
 from collections import deque
 
+import numpy as np
+
 from jaxllm.config import SchedulerConfig
 from jaxllm.engine.kv_cache_manager import KVCacheManager
 from jaxllm.engine.request import Request, RequestStatus
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.spec_decode.config import SpeculativeConfig
+from jaxllm.spec_decode.eligibility import AcceptanceTracker, can_speculate
+from jaxllm.spec_decode.metrics import SpecDecodingStats
+from jaxllm.spec_decode.ngram import propose_ngram
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +91,8 @@ class SchedulerOutput:
     finished_request_ids: list[str] = dataclasses.field(default_factory=list)  # ended since the last schedule
     lora_loads: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (slot, lora id) to write first
     lora_slot_of: dict[int, int] = dataclasses.field(default_factory=lambda: {0: 0})  # lora id -> its slot
+    # request id -> its proposals, verified by this step (its chunk: its newest token, then these)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -82,9 +100,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, lora: LoRAManager | None = None):
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, lora: LoRAManager | None = None,
+                 speculative: SpeculativeConfig | None = None):
         """lora: the adapters' manager when LoRA is on: a waiting request is admitted only once its adapter has a
-        device slot (LoRAManager.acquire); otherwise it waits, and requests behind it may go first."""
+        device slot (LoRAManager.acquire); otherwise it waits, and requests behind it may go first.
+        speculative: n-gram speculative decoding's settings (None: off)."""
+        self.speculative = speculative
+        self.spec_stats = None if speculative is None else SpecDecodingStats(speculative.num_speculative_tokens)
         self.config = config
         self.kv_cache = kv_cache
         self.lora = lora
@@ -118,6 +140,8 @@ class Scheduler:
         if needed > self.kv_cache.pool.num_usable_blocks:
             raise ValueError(f"request needs {needed} KV blocks for {total} tokens, but the pool only has "
                              f"{self.kv_cache.pool.num_usable_blocks}; increase num_blocks or lower max_tokens")
+        if self.speculative is not None and can_speculate(request.sampling_params, request.grammar is not None):
+            request.spec = AcceptanceTracker()
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -149,14 +173,22 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         chunks: list[tuple[Request, int]] = []  # (request, its new tokens)
         preempted: list[Request] = []
+        drafts: dict[str, list[int]] = {}  # request id -> its proposals (speculative decoding)
+        draft_rows = self._draft_row_budget()
 
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            if self._finishes_with_pending_token(request):
+            if self._finishes_with_pending_token(request) or request.num_spec_in_flight:
                 index += 1
                 continue
             num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens, budget)
+            if draft_rows and self._speculates_now(request, num_new):
+                proposals = self._propose(request, min(budget - 1, draft_rows))
+                if proposals and self.kv_cache.allocate(request, num_new + len(proposals)):
+                    drafts[request.request_id] = proposals
+                    draft_rows -= len(proposals)
+                    num_new += len(proposals)
             while not self.kv_cache.allocate(request, num_new):
                 victim = self._lowest_ranked_running()
                 self._preempt(victim, chunks)
@@ -176,6 +208,8 @@ class Scheduler:
         finished, self._finished_ids = self._finished_ids, []
         self._num_steps += 1
         out = SchedulerOutput(self._num_steps, scheduled, [r.request_id for r in preempted], finished)
+        if drafts:
+            out.scheduled_spec_decode_tokens = self._commit_drafts(drafts, chunks)
         if self.lora is not None:
             out.lora_loads, out.lora_slot_of = self.lora.take_loads(), {0: 0, **self.lora.slots}
         if chunks:
@@ -214,6 +248,67 @@ class Scheduler:
         request.num_pending += samples
         return ScheduledChunk(request.request_id, num_new, start, new_block_ids, samples, positions, new)
 
+    # ------------------------------------------------------------------ speculative decoding
+    def _draft_row_budget(self) -> int:
+        """Sampler rows left for proposals this step: max_num_seqs less one per running or waiting request."""
+        if self.speculative is None:
+            return 0
+        return max(0, self.config.max_num_seqs - len(self.running) - len(self.waiting))
+
+    def _speculates_now(self, request: Request, num_new: int) -> bool:
+        """It decodes (one new token, its newest, whose value is known) and may speculate."""
+        return (num_new == 1 and request.num_pending == 0 and request.spec is not None and not request.spec.off
+                and request.num_computed_tokens == request.num_tokens - 1)
+
+    def _propose(self, request: Request, max_rows: int) -> list[int]:
+        """Its n-gram proposals: at most k, the rows given, and what its length limit leaves after the token
+        verification always yields. A step without proposals counts as an eligible step that accepted none."""
+        spec = self.speculative
+        k = min(spec.num_speculative_tokens, max_rows, request.length_limit - request.num_tokens - 1)
+        proposals = propose_ngram(np.asarray(request.all_token_ids, np.int32), k, spec.prompt_lookup_min,
+                                  spec.prompt_lookup_max) if k > 0 else ()
+        if not len(proposals):
+            request.spec.record(0)
+        return [int(t) for t in proposals]
+
+    def _commit_drafts(self, drafts: dict[str, list[int]], chunks: list[tuple[Request, int]]) -> dict:
+        """The proposals of the requests still scheduled (a preemption may have dropped some), now in flight."""
+        scheduled = {}
+        for request, _ in chunks:
+            proposals = drafts.get(request.request_id)
+            if proposals:
+                request.num_spec_in_flight = len(proposals)
+                scheduled[request.request_id] = proposals
+        return scheduled
+
+    def _verify(self, request: Request, proposals: list[int], run: list[int]) -> bool:
+        """A run of verified tokens (len(run) - 1 proposals accepted): roll back the rejected positions, append
+        the run under the stop rules, register the blocks now full. Returns whether the request finished."""
+        accepted = len(run) - 1
+        request.num_spec_in_flight = 0
+        self.spec_stats.observe(len(proposals), accepted)
+        request.spec.record(accepted)
+        if request.status.finished:
+            return False
+        if request.status is RequestStatus.RUNNING:  # a preempted request recomputes from 0 anyway
+            request.num_computed_tokens -= len(proposals) - accepted
+        for token in run:
+            request.append_output(token)
+            if request.first_token_time is None:
+                request.first_token_time = time.monotonic()
+            status, reason = self._stop_status(request)
+            if status is not None:
+                self.finish(request, status, reason)
+                return True
+        if request.status is RequestStatus.RUNNING:
+            self.kv_cache.cache_computed_blocks(request)
+        return False
+
+    def speculating(self) -> bool:
+        """Whether a running request may speculate (its steps need the previous step's tokens on the host)."""
+        return self.speculative is not None and any(r.spec is not None and not r.spec.off for r in self.running)
+
+    # ------------------------------------------------------------------ stop rules
     def _finishes_with_pending_token(self, request: Request) -> bool:
         """The pending token takes the request to its length limit: it ends when that token arrives."""
         return request.num_pending > 0 and request.num_tokens + request.num_pending >= request.length_limit
@@ -290,18 +385,26 @@ class Scheduler:
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_blocks_sent = None
+        # its proposals in flight (if any) are verified by update() all the same: num_spec_in_flight stays
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self._push_front(victim)
 
     # ------------------------------------------------------------------ after the model ran
-    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    def update(self, output: SchedulerOutput, sampled: dict[str, int],
+               runs: dict[str, list[int]] | None = None) -> list[Request]:
         """The step's results are in: append each sampled token (the request's pending one), register the blocks
-        now fully computed with known tokens in the prefix cache, apply the token-level stop rules. Returns the
+        now fully computed with known tokens in the prefix cache, apply the token-level stop rules. `runs`: the
+        verified tokens of the requests with proposals (output.scheduled_spec_decode_tokens). Returns the
         requests that finished."""
         finished = []
+        drafts = output.scheduled_spec_decode_tokens
         for chunk, request in zip(output.chunks, self._scheduled.pop(output.step_id, [])):
             request.num_pending -= chunk.samples
+            if drafts and chunk.request_id in drafts:
+                if self._verify(request, drafts[chunk.request_id], runs[chunk.request_id]):
+                    finished.append(request)
+                continue
             if request.status.finished:  # aborted, or stopped by an earlier step's token, while this one ran
                 continue
             if chunk.samples:

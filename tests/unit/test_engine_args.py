@@ -27,6 +27,7 @@ NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", quantization
                          enable_chunked_prefill=False, scheduling_policy="priority", seed=7,
                          generation_config="vllm", override_generation_config={"temperature": 0.5, "top_k": None},
                          structured_outputs_config={"disable_any_whitespace": True},
+                         speculative_config={"method": "ngram", "num_speculative_tokens": 3},
                          attention="reference", awq_matmul="pallas", lora_matmul="reference", warmup=True,
                          disable_log_stats=True, async_scheduling=False, compilation_cache=False,
                          compilation_cache_dir="xla-cache", skip_tokenizer=True,

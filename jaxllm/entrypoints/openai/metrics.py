@@ -12,8 +12,10 @@ so several apps can live in one process (tests).
                   request_num_preemptions, request_time_per_output_token_seconds, request_max_num_generation_tokens
     per refusal   admission_rejections (a request refused because the queue is full)
     once          cache_config_info (the KV cache's settings as labels, value 1)
+    speculative   spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, _num_accepted_tokens_per_pos
+                  (label position), when the engine speculates (speculative_config)
 
-Not produced (no counterpart here): speculative decoding, multi-modal cache, KV transfer and LoRA-state metrics.
+Not produced (no counterpart here): multi-modal cache, KV transfer and LoRA-state metrics.
 """
 
 from __future__ import annotations
@@ -43,6 +45,31 @@ def one_two_five(limit: int) -> tuple[int, ...]:
                 return tuple(buckets)
             buckets.append(step * scale)
         scale *= 10
+
+
+class SpecDecodeCounters:
+    """vLLM's speculative-decoding counters, moved on by the increase of the engine's totals."""
+
+    NAMES = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+    DOCS = ("Sequences verified with proposals, per step", "Proposed tokens verified", "Proposed tokens accepted")
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, num_positions: int):
+        self.counters = {name: Counter(f"vllm:{name}", doc, ["model_name"], registry=registry).labels(model_name)
+                         for name, doc in zip(self.NAMES, self.DOCS)}
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by their "
+                          "position in the proposal (0-based)", ["model_name", "position"], registry=registry)
+        self.per_pos = [per_pos.labels(model_name, str(i)) for i in range(num_positions)]
+        self._last = {name: 0 for name in self.NAMES}
+        self._last_per_pos = [0] * num_positions
+
+    def record(self, stats: dict) -> None:
+        for name, counter in self.counters.items():
+            counter.inc(max(0, stats[name] - self._last[name]))
+            self._last[name] = stats[name]
+        per_pos = stats["spec_decode_num_accepted_tokens_per_pos"]
+        for i, counter in enumerate(self.per_pos):
+            counter.inc(max(0, per_pos[i] - self._last_per_pos[i]))
+        self._last_per_pos = list(per_pos)
 
 
 class ServerMetrics:
@@ -112,6 +139,7 @@ class ServerMetrics:
         self._last = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0,
                       "num_prompt_tokens_computed": 0}
         self.engine_stats: dict = {}  # the engine's stats after its last step
+        self._spec: SpecDecodeCounters | None = None  # made at the first stats that carry spec_decode counts
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -141,6 +169,11 @@ class ServerMetrics:
         self.preemptions.inc(new["num_preemptions"])
         if new["num_prompt_tokens_computed"] or generated:
             self.iteration_tokens.observe(new["num_prompt_tokens_computed"] + generated)
+        if "spec_decode_num_drafts" in stats:
+            if self._spec is None:
+                self._spec = SpecDecodeCounters(self.registry, self._model,
+                                                len(stats["spec_decode_num_accepted_tokens_per_pos"]))
+            self._spec.record(stats)
 
     def record_request(self, params) -> None:
         """A request accepted: its parameters."""
