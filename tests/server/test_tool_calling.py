@@ -94,11 +94,16 @@ def test_required_tool_choice_gives_valid_calls(tool_server):
         assert len(calls) == 1
 
 
-def test_required_calls_cut_by_max_tokens_are_not_returned(tool_server):
-    """Several calls allowed: the random model goes on adding calls until max_tokens; no half call comes back."""
-    choice = post(tool_server, {"tools": TOOLS, "tool_choice": "required", "max_tokens": 40,
-                                "temperature": 0}).json()["choices"][0]
-    assert choice["finish_reason"] == "length" and choice["message"]["tool_calls"] == []
+def test_required_calls_cut_by_max_tokens_come_back_as_far_as_generated(tool_server):
+    """Several calls allowed: the random model goes on adding calls until max_tokens; the calls begun come back
+    (the last one's arguments cut), the same streamed and not (finish_reason "length" says why)."""
+    body = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 30, "temperature": 0}
+    choice = post(tool_server, body).json()["choices"][0]
+    calls = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "length" and calls
+    assert all(call["function"]["name"] in ("get_weather", "add") for call in calls)
+    message, finish = streamed(tool_server, body)
+    assert finish == "length" and [c["function"] for c in message["tool_calls"]] == [c["function"] for c in calls]
 
 
 def test_a_named_function_is_called(tool_server):
@@ -129,6 +134,30 @@ def test_streamed_calls_reassemble_into_the_whole_reply(tool_server, body):
     check_calls(reply["message"]["tool_calls"])
     if "structured_outputs" in body:
         assert reply["message"]["content"] == "Let me check."
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_the_openai_stream_helper_reassembles_the_whole_call_from_argument_pieces(tool_server, choice):
+    """client.chat.completions.stream: the arguments arrive in several pieces (after the id and name), and the
+    helper's final completion holds exactly the non-streamed reply's calls."""
+    openai_client = client(tool_server.url)
+    body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=120,
+                parallel_tool_calls=False)
+    whole = openai_client.chat.completions.create(**body).choices[0]
+    pieces = []
+    with openai_client.chat.completions.stream(**body) as stream:
+        for event in stream:
+            if event.type == "chunk" and event.chunk.choices and event.chunk.choices[0].delta.tool_calls:
+                [item] = event.chunk.choices[0].delta.tool_calls
+                pieces.append((item.id, item.function.name, item.function.arguments))
+        final = stream.get_final_completion().choices[0]
+    assert pieces[0][:2] == (final.message.tool_calls[0].id, "get_weather" if isinstance(choice, dict) else
+                             whole.message.tool_calls[0].function.name)
+    assert len([p for p in pieces if p[2]]) >= 3 and all(p[0] is None for p in pieces[1:])
+    assert final.finish_reason == whole.finish_reason
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    check_calls([c.model_dump() for c in final.message.tool_calls])
 
 
 def test_auto_without_calls_is_plain_content(tool_server):

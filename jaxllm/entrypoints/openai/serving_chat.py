@@ -62,8 +62,8 @@ class ChatServing(ServingBase):
                 raise bad_request(f"tool_choice: {request.tool_choice!r} constrains the reply to a tool call; it "
                                   f"cannot be combined with {params.structured_outputs.source_field}",
                                   "tool_choice")
-            constraint = StructuredOutputsParams(json=schema)
-            constraint.source_field = "tools"
+            constraint = StructuredOutputsParams(json=schema, disable_any_whitespace=True)  # compact: no runaway
+            constraint.source_field = "tools"                                                # whitespace
             params.structured_outputs = self.structured_outputs_config.apply(constraint)
         if reader is not None and reader.tool_parser is not None and reader.tool_parser.name == "mistral":
             params.skip_special_tokens = False  # [TOOL_CALLS] and [ARGS] are special tokens
@@ -192,11 +192,22 @@ def _read_delta(reply: ReplyStream, completion: CompletionOutput) -> tuple[Delta
         deltas += reply.finish()
     content = "".join(d.text for d in deltas if isinstance(d, ContentDelta)) or None
     reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) or None
-    calls = [d.to_openai() for d in deltas if isinstance(d, ToolCallDelta)] or None
+    calls = _tool_call_items([d for d in deltas if isinstance(d, ToolCallDelta)]) or None
     finish = completion.finish_reason
     if finish is not None:
         finish = reply.reader.finish_reason(finish, reply.num_tool_calls)
     return DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=calls), finish
+
+
+def _tool_call_items(deltas: list[ToolCallDelta]) -> list[dict]:
+    """A chunk's `tool_calls`: one item per call, its pieces in this chunk joined (the head's id and name kept)."""
+    items: list[dict] = []
+    for delta in deltas:
+        if items and items[-1]["index"] == delta.index:
+            items[-1]["function"]["arguments"] += delta.arguments
+        else:
+            items.append(delta.to_openai())
+    return items
 
 
 def _top(logprob, token_id: int, tokenizer, as_id: bool) -> TopLogprob:
