@@ -51,7 +51,8 @@ class ChatServing(ServingBase):
         return await self._full(request_id, request, streams, model, reader)
 
     def _reply_reader(self, request: ChatCompletionRequest, params) -> ReplyReader | None:
-        """How the reply is read (tools, reasoning); a forced tool_choice constrains params to its JSON schema."""
+        """How the reply is read (tools, reasoning); a forced tool_choice constrains params to its JSON schema.
+        With a reasoning parser (and thinking on) a constraint applies to the answer after </think> only."""
         try:
             reader, schema = self.chat.reply_reader(request.tools, request.tool_choice, request.parallel_tool_calls,
                                                     self.chat.kwargs_for(request.chat_template_kwargs))
@@ -65,6 +66,10 @@ class ChatServing(ServingBase):
             constraint = StructuredOutputsParams(json=schema, disable_any_whitespace=True)  # compact: no runaway
             constraint.source_field = "tools"                                                # whitespace
             params.structured_outputs = self.structured_outputs_config.apply(constraint)
+        if params.structured_outputs is not None and reader is not None and reader.reasoning is not None \
+                and reader.enable_thinking:
+            params.structured_outputs.reasoning_end = reader.reasoning.end  # the answer is constrained, not the
+            #                                                                  reasoning before it
         if reader is not None and reader.tool_parser is not None and reader.tool_parser.name == "mistral":
             params.skip_special_tokens = False  # [TOOL_CALLS] and [ARGS] are special tokens
         return reader
