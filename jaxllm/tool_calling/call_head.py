@@ -20,6 +20,7 @@ import re
 from typing import NamedTuple
 
 from jaxllm.tool_calling.brackets import JsonEnd
+from jaxllm.tool_calling.stream import CallArguments, Step
 
 WS, STRING = "<whitespace>", "<string>"  # pattern parts; any other part is literal text, or a tuple of choices
 MORE, NO = "more", "no"
@@ -94,3 +95,11 @@ class ArgumentsText:
         stop = len(unread) if end is None else end
         piece, self._sent = unread[self._sent:stop], stop
         return piece, end
+
+    def scan(self, unread: str, final: bool) -> tuple[Step | None, bool]:
+        """A scanner's step over the arguments (the new piece as a CallArguments event), and whether they are
+        over: the object closed, or the output ended."""
+        piece, end = self.step(unread)
+        if end is None and not final:
+            return ((0, [CallArguments(piece)]) if piece else None), False
+        return ((len(unread) if end is None else end), [CallArguments(piece)]), True

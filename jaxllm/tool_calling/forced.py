@@ -92,11 +92,10 @@ class RequiredScanner:
         return head.arguments_at, [CallStart(head.name)]
 
     def _streamed(self, unread: str, final: bool) -> Step | None:
-        piece, end = self._arguments.step(unread)
-        if end is None and not final:
-            return (0, [CallArguments(piece)]) if piece else None
-        self._state, self._arguments = (_NEXT if end is not None else _DONE), None
-        return (len(unread) if end is None else end), [CallArguments(piece)]
+        step, over = self._arguments.scan(unread, final)
+        if over:
+            self._state, self._arguments = _NEXT, None
+        return step
 
 
 class NamedScanner:

@@ -24,11 +24,11 @@ import json
 from jaxllm.tool_calling.call_head import MORE, NO, STRING, WS, ArgumentsText, match_head
 from jaxllm.tool_calling.calls import arguments_text
 from jaxllm.tool_calling.markers import text_before_marker
-from jaxllm.tool_calling.stream import Call, CallArguments, CallStart, Content, Step, ToolParser
+from jaxllm.tool_calling.stream import Call, CallStart, Content, Step, ToolParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-HEAD = [WS, "{", WS, '"name"', WS, ":", WS, STRING, WS, ",", WS, '"arguments"', WS, ":", WS, "{"]
-TEXT, HEAD_, ARGUMENTS, TAIL, WHOLE = "text", "head", "arguments", "tail", "whole"
+CALL_HEAD = [WS, "{", WS, '"name"', WS, ":", WS, STRING, WS, ",", WS, '"arguments"', WS, ":", WS, "{"]
+TEXT, HEAD, ARGUMENTS, TAIL, WHOLE = "text", "head", "arguments", "tail", "whole"
 
 
 class HermesToolParser(ToolParser):
@@ -45,20 +45,20 @@ class HermesScanner:
         self._arguments: ArgumentsText | None = None
 
     def step(self, unread: str, final: bool) -> Step | None:
-        return {TEXT: self._text, HEAD_: self._head, ARGUMENTS: self._streamed, TAIL: self._tail,
+        return {TEXT: self._text, HEAD: self._head, ARGUMENTS: self._streamed, TAIL: self._tail,
                 WHOLE: self._call}[self._state](unread, final)
 
     def _text(self, unread: str, final: bool) -> Step | None:
         read, text, found = text_before_marker(unread, OPEN, final)
         if found:
-            self._state = HEAD_
+            self._state = HEAD
         if read == 0 and not found:
             return None
         return read, [Content(text)] if text else []
 
     def _head(self, unread: str, final: bool) -> Step | None:
         """After <tool_call>: a head in the streamed form starts a call; any other body is read whole."""
-        head = match_head(unread, HEAD, final)
+        head = match_head(unread, CALL_HEAD, final)
         if head == MORE:
             return None
         if head == NO:
@@ -69,11 +69,10 @@ class HermesScanner:
 
     def _streamed(self, unread: str, final: bool) -> Step | None:
         """The arguments, handed out as they arrive, up to the object's end (or the output's)."""
-        piece, end = self._arguments.step(unread)
-        if end is None and not final:
-            return (0, [CallArguments(piece)]) if piece else None
-        self._state, self._arguments = TAIL, None
-        return (len(unread) if end is None else end), [CallArguments(piece)]
+        step, over = self._arguments.scan(unread, final)
+        if over:
+            self._state, self._arguments = TAIL, None
+        return step
 
     def _tail(self, unread: str, final: bool) -> Step | None:
         """From the arguments' end to </tool_call> (or the output's end): the call object's "}" and whitespace

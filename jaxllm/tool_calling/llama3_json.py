@@ -21,10 +21,11 @@ from jaxllm.tool_calling.brackets import JsonEnd
 from jaxllm.tool_calling.call_head import MORE, NO, STRING, WS, ArgumentsText, match_head
 from jaxllm.tool_calling.calls import arguments_text
 from jaxllm.tool_calling.markers import leading_space, starts_with, text_before_marker
-from jaxllm.tool_calling.stream import Call, CallArguments, CallStart, Content, Step, ToolParser
+from jaxllm.tool_calling.stream import Call, CallStart, Content, Step, ToolParser
 
 PYTHON_TAG = "<|python_tag|>"
-HEAD = [WS, "{", WS, '"name"', WS, ":", WS, STRING, WS, ",", WS, ('"parameters"', '"arguments"'), WS, ":", WS, "{"]
+CALL_HEAD = [WS, "{", WS, '"name"', WS, ":", WS, STRING, WS, ",", WS, ('"parameters"', '"arguments"'), WS, ":", WS,
+             "{"]
 START, TEXT, CALL, ARGUMENTS, CALL_END, AFTER_CALL = "start", "text", "call", "arguments", "call end", "after call"
 
 
@@ -77,7 +78,7 @@ class Llama3JsonScanner:
         if unread[start:start + 1] != "{":
             return self._content(start, self._opener + unread[:start])
         if self._json is None:
-            head = match_head(unread, HEAD, final)
+            head = match_head(unread, CALL_HEAD, final)
             if head == MORE:
                 return None
             if head != NO:
@@ -96,11 +97,10 @@ class Llama3JsonScanner:
 
     def _streamed(self, unread: str, final: bool) -> Step | None:
         """A streamed call's arguments, handed out as they arrive, up to the object's end (or the output's)."""
-        piece, end = self._arguments.step(unread)
-        if end is None and not final:
-            return (0, [CallArguments(piece)]) if piece else None
-        self._state, self._arguments = CALL_END, None
-        return (len(unread) if end is None else end), [CallArguments(piece)]
+        step, over = self._arguments.scan(unread, final)
+        if over:
+            self._state, self._arguments = CALL_END, None
+        return step
 
     def _call_end(self, unread: str, final: bool) -> Step | None:
         """After a streamed call's arguments: the call object's "}" (then maybe ";" and another call), or

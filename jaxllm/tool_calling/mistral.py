@@ -22,7 +22,7 @@ from jaxllm.tool_calling.brackets import JsonEnd
 from jaxllm.tool_calling.call_head import ArgumentsText
 from jaxllm.tool_calling.calls import arguments_text, random_alphanumeric
 from jaxllm.tool_calling.markers import leading_space, starts_with, text_before_marker
-from jaxllm.tool_calling.stream import Call, CallArguments, CallStart, Content, Step, ToolParser
+from jaxllm.tool_calling.stream import Call, CallStart, Content, Step, ToolParser
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.-]*")
@@ -79,11 +79,10 @@ class MistralScanner:
 
     def _streamed(self, unread: str, final: bool) -> Step | None:
         """A named call's arguments, handed out as they arrive, up to the object's end (or the output's)."""
-        piece, end = self._arguments.step(unread)
-        if end is None and not final:
-            return (0, [CallArguments(piece)]) if piece else None
-        self._arguments = None
-        return (len(unread) if end is None else end), [CallArguments(piece)]
+        step, over = self._arguments.scan(unread, final)
+        if over:
+            self._arguments = None
+        return step
 
     def _json_value(self, unread: str, start: int, final: bool, parse) -> Step | None:
         if self._json is None:

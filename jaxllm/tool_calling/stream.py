@@ -8,8 +8,8 @@ at a time, and tells what each piece is:
 `unread` is the output not read yet; `final` says that no more will come. A step reads a prefix of `unread` whose
 reading no text that follows can change (or reads nothing and changes the scanner's state), and returns what it
 read as events: Content(text), Call(name, arguments) (a call read whole), or CallStart(name) followed by
-CallArguments(text) pieces (a call streamed: its arguments handed out as they arrive). None: the step cannot go on before more text arrives
-(when `final`: there is nothing left to read).
+CallArguments(text) pieces (a call streamed: its arguments handed out as they arrive). None: the step cannot go
+on before more text arrives (when `final`: there is nothing left to read).
 
 ToolCallStream drives the scanner over text fed in pieces and turns events into deltas; ToolParser.extract
 feeds the whole text as one piece. So a stream's deltas, reassembled, are the extract() of the whole text, however
@@ -18,8 +18,8 @@ the text was split.
 A call's first delta carries its index, id and name; the next ones its arguments. A format streams a call once
 its head (the marker, the name and the opening of the arguments object) has been read: from there it is a call,
 and its arguments come in pieces as the model writes them. A call whose head is not in that form is read whole
-(handed out once complete and well formed; until then it may still turn out to be content). Content streams as it comes,
-except for a tail that may be the start of a marker, and whitespace that may stand before a call (whitespace
+(handed out once complete and well formed; until then it may still turn out to be content). Content streams as
+it comes, except for a tail that may be the start of a marker, and whitespace that may stand before a call (whitespace
 next to a call is dropped: whitespace.py).
 """
 

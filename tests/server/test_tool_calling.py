@@ -8,6 +8,7 @@ it with a regex: what is tested is how the server reads them."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -192,15 +193,35 @@ def test_langchain_bind_tools(tool_server):
         jsonschema.validate(call["args"], declared[call["name"]])
 
 
-def test_reasoning_is_returned_apart(reasoning_server):
-    body = {"structured_outputs": {"regex": "<think>[a-z]{3,6}</think>[a-z]{2,4}"}, "temperature": 0}
+def thinking(reasoning: str) -> dict:
+    """The assistant's reply begun with `reasoning` (prefilled and echoed: the random model would not think)."""
+    return {"messages": [*ASK, {"role": "assistant", "content": reasoning}], "continue_final_message": True,
+            "add_generation_prompt": False, "echo": True}
+
+
+def test_reasoning_is_returned_apart_and_the_constraint_applies_to_the_answer(reasoning_server):
+    """A prefilled think section closed by the prompt: the reply's reasoning comes apart, and the regex constrains
+    the answer after </think> (streamed the same)."""
+    body = {**thinking("<think>abc</think>"), "structured_outputs": {"regex": "[a-z]{2,4}"}, "temperature": 0}
     choice = post(reasoning_server, body).json()["choices"][0]
     reasoning, content = choice["message"]["reasoning_content"], choice["message"]["content"]
-    assert reasoning.isalpha() and content.isalpha() and 3 <= len(reasoning) <= 6
+    assert reasoning == "abc" and re.fullmatch("[a-z]{2,4}", content) and choice["finish_reason"] == "stop"
     message, finish = streamed(reasoning_server, body)
     assert (message["reasoning_content"], message["content"], finish) == (reasoning, content, "stop")
-    disabled = post(reasoning_server, {**body, "chat_template_kwargs": {"enable_thinking": False}}).json()
-    assert disabled["choices"][0]["message"]["content"].startswith("<think>")
+
+
+def test_a_constraint_waits_while_the_reply_is_still_reasoning(reasoning_server):
+    """An open think section: the constraint does not bind the reasoning (the random model, never closing it,
+    runs to max_tokens with free text); with thinking disabled it binds from the first token."""
+    body = {**thinking("<think>"), "structured_outputs": {"regex": "[a-z]{2,4}"}, "temperature": 0,
+            "max_tokens": 24}
+    choice = post(reasoning_server, body).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and not choice["message"]["content"]
+    assert not re.fullmatch("[a-z]{0,24}", choice["message"]["reasoning_content"])
+    disabled = post(reasoning_server, {"structured_outputs": {"regex": "[a-z]{2,4}"}, "temperature": 0,
+                                       "chat_template_kwargs": {"enable_thinking": False}}).json()["choices"][0]
+    assert re.fullmatch("[a-z]{2,4}", disabled["message"]["content"]) and disabled["finish_reason"] == "stop"
+    assert disabled["message"]["reasoning_content"] is None
 
 
 @pytest.mark.parametrize("body, field, message", [

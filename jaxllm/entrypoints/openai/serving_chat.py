@@ -151,9 +151,11 @@ class ChatServing(ServingBase):
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""),
                                       token_ids=no_tokens()) for i in range(request.n)],
                     usage_so_far() if continuous_usage else None, prompt_token_ids=prompt_ids if ids else None)
-        if echo := request.echoed_text():
-            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo), token_ids=no_tokens())
-                         for i in range(request.n)], usage_so_far() if continuous_usage else None)
+        if echo := request.echoed_text():  # read as the reply's start, as in the non-streamed reply
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo) if reader is None else
+                                          _delta_message(replies.setdefault(i, reader.stream()).feed(echo)),
+                                          token_ids=no_tokens()) for i in range(request.n)],
+                        usage_so_far() if continuous_usage else None)
         try:
             async for _, output in merge(streams):
                 cached, last = output.num_cached_tokens, output
@@ -195,13 +197,17 @@ def _read_delta(reply: ReplyStream, completion: CompletionOutput) -> tuple[Delta
     deltas = reply.feed(completion.text)
     if completion.finish_reason is not None:
         deltas += reply.finish()
-    content = "".join(d.text for d in deltas if isinstance(d, ContentDelta)) or None
-    reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) or None
-    calls = _tool_call_items([d for d in deltas if isinstance(d, ToolCallDelta)]) or None
     finish = completion.finish_reason
     if finish is not None:
         finish = reply.reader.finish_reason(finish, reply.num_tool_calls)
-    return DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=calls), finish
+    return _delta_message(deltas), finish
+
+
+def _delta_message(deltas: list) -> DeltaMessage:
+    content = "".join(d.text for d in deltas if isinstance(d, ContentDelta)) or None
+    reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) or None
+    calls = _tool_call_items([d for d in deltas if isinstance(d, ToolCallDelta)]) or None
+    return DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
 
 
 def _tool_call_items(deltas: list[ToolCallDelta]) -> list[dict]:
