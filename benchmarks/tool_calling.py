@@ -285,7 +285,10 @@ def ask_streamed(client: openai.OpenAI, body: dict) -> dict:
             if event.type == "chunk" and event.chunk.choices:
                 for delta in event.chunk.choices[0].delta.tool_calls or []:
                     pieces[delta.index] += bool(delta.function and delta.function.arguments)
-        choice = stream.get_final_completion().choices[0]
+        try:
+            choice = stream.get_final_completion().choices[0]
+        except openai.LengthFinishReasonError as e:  # the helper refuses to parse a reply cut by max_tokens
+            choice = e.completion.choices[0]
     calls = choice.message.tool_calls or []
     return {"finish": choice.finish_reason, "calls": [(c.function.name, c.function.arguments) for c in calls],
             "ids": [c.id for c in calls], "pieces": [pieces[i] for i in range(len(calls))],
