@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -57,7 +58,7 @@ from jaxllm.sampling_params import SamplingParams
 from jaxllm.spec_decode.config import SpeculativeConfig
 from jaxllm.structured_outputs.compiler import GrammarCompiler
 from jaxllm.structured_outputs.params import StructuredOutputsConfig
-from jaxllm.structured_outputs.request_state import RequestGrammar
+from jaxllm.structured_outputs.request_state import ReasoningGate, RequestGrammar
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,8 @@ class LLMEngine:
                             self._child_params(params, i), arrival_time=arrival, priority=priority,
                             eos_token_ids=self.eos_token_ids, sample_index=i, ranked=params.ranks_sequences,
                             rng_stream=next(self._rng_streams), lora_int_id=lora_int_id,
-                            grammar=None if compiled is None else RequestGrammar(compiled))
+                            grammar=None if compiled is None else RequestGrammar(
+                                compiled, self._reasoning_gate(params.structured_outputs, token_ids)))
                     for i in range(num_sequences)]
         for child in children[1:]:
             child.wait_for = children[0]  # siblings reuse the first one's prompt blocks via the prefix cache
@@ -175,6 +177,17 @@ class LLMEngine:
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         return self._grammars.submit(self.structured_outputs_config.apply(params.structured_outputs))
+
+    def _reasoning_gate(self, constraint, prompt_ids: list[int]) -> ReasoningGate | None:
+        """The gate holding a constraint back while the output reasons (None: it applies from the start). Open
+        from the start when the prompt already closed the reasoning (a template that disables thinking ends the
+        prompt with "<think></think>")."""
+        marker = constraint.reasoning_end
+        if marker is None:
+            return None
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+        closed = decode(prompt_ids[-ReasoningGate.WINDOW:]).rstrip().endswith(marker)
+        return ReasoningGate(marker, decode, open=closed)
 
     # ------------------------------------------------------------------ LoRA adapters
     def add_lora(self, lora_request: LoRARequest) -> None:

@@ -51,6 +51,8 @@ class StructuredOutputsParams:
         self._check_types()
         self._parsed = None  # parsed by parsed(), then kept
         self.source_field = "structured_outputs"  # the request field it came from (a server's errors name it)
+        self.reasoning_end: str | None = None  # the constraint applies after this text in the output (a server's
+        #                                        reasoning parser's end marker, "</think>"): the answer only
 
     @property
     def kind(self) -> str:
@@ -145,7 +147,7 @@ class StructuredOutputsConfig:
         """params with this config's defaults (params itself when they change nothing: its parse is kept)."""
         if self.disable_any_whitespace and not params.disable_any_whitespace:
             changed = dataclasses.replace(params, disable_any_whitespace=True)
-            changed.source_field = params.source_field
+            changed.source_field, changed.reasoning_end = params.source_field, params.reasoning_end
             return changed
         return params
 

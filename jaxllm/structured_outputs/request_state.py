@@ -9,21 +9,50 @@
     is_terminated  the grammar is complete and has accepted a stop token, or has nothing more to take
 
 The matcher is made when the grammar is first used; n > 1 samples of a prompt each have their own.
+
+With a ReasoningGate (a reasoning model's output: <think>...</think> then the answer) the grammar applies to the
+answer only: until the reasoning's end marker has appeared in the output, every token is allowed and none reaches
+the matcher; the token that completes the marker opens the gate, and the grammar constrains the tokens after it.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import Callable
 
 import numpy as np
 
 from jaxllm import optional_deps
 
+class ReasoningGate:
+    """Whether a reasoning output has reached its answer: open once `marker` (e.g. "</think>") appears in the
+    text of the tokens pushed, read through `decode` (token ids -> text) over a short window of the last tokens
+    (a marker may span several tokens)."""
+
+    WINDOW = 16  # tokens: a marker's length in characters bounds its length in tokens, plus a few of them
+
+    def __init__(self, marker: str, decode: Callable[[list[int]], str], *, open: bool = False):
+        self._marker, self._decode = marker, decode
+        self._window: list[int] = []
+        self.open = open
+
+    def push(self, token_id: int) -> None:
+        self._window = (self._window + [token_id])[-max(self.WINDOW, len(self._marker) + 2):]
+        if self._marker in self._decode(self._window):
+            self.open, self._window = True, []
+
+
 class RequestGrammar:
-    def __init__(self, compiled: Future):
+    def __init__(self, compiled: Future, gate: ReasoningGate | None = None):
         self._compiled = compiled
         self._matcher = None
+        self._gate = gate  # None: the grammar applies from the output's first token
         self.num_accepted = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether the grammar constrains the next token (False while the output is still reasoning)."""
+        return self._gate is None or self._gate.open
 
     @property
     def ready(self) -> bool:
@@ -45,20 +74,26 @@ class RequestGrammar:
 
     @property
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return self.active and self.matcher.is_terminated()
 
     def accept(self, token_id: int) -> bool:
+        if not self.active:
+            self._gate.push(token_id)
+            return True
         if self.matcher.is_terminated() or not self.matcher.accept_token(token_id):
             return False
         self.num_accepted += 1
         return True
 
     def rollback(self, num_tokens: int) -> None:
+        num_tokens = min(num_tokens, self.num_accepted)  # tokens of the reasoning never reached the matcher
+        if not num_tokens:
+            return
         self.matcher.rollback(num_tokens)
         self.num_accepted -= num_tokens
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
-        if self.matcher.is_terminated():
+        if not self.active or self.matcher.is_terminated():
             bitmask[row] = -1
         else:
             self.matcher.fill_next_token_bitmask(bitmask, row)

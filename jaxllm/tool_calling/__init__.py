@@ -13,16 +13,19 @@ values out: no model, no tokenizer.
     registry.py     get_tool_parser(name)
     reasoning.py    <think>...</think>: deepseek_r1, qwen3; get_reasoning_parser(name)
     tools.py        validate_tools(tools), validate_tool_choice(tool_choice, tools)
-    forced.py       tool_choice "required" / named: the output's JSON schema, and its calls
+    forced.py       tool_choice "required" / named: the output's JSON schema, and its calls (streamed too)
+    call_head.py    a call's head matched as it arrives; its arguments handed out in pieces
     markers.py, whitespace.py, brackets.py: reading text that arrives in pieces
 
 Streams and extract() agree: a stream's deltas, reassembled, give the extract() of the whole text, however the
-text was split into pieces. A tool call is handed out once complete and well formed (malformed, it is content).
+text was split into pieces. A call streams once its head (marker, name, the arguments' opening) is read: its
+arguments then come in pieces as written; a call in another form is handed out once complete and well formed
+(malformed, it is content).
 """
 
 from jaxllm.tool_calling.calls import ExtractedToolCalls, ToolCall, new_call_id
 from jaxllm.tool_calling.deltas import ContentDelta, ReasoningDelta, ToolCallDelta, assemble_tool_deltas
-from jaxllm.tool_calling.forced import (calls_from_named_output, calls_from_required_output, named_schema,
+from jaxllm.tool_calling.forced import (MAX_PARALLEL_CALLS, NamedToolParser, RequiredToolParser, named_schema,
                                         required_schema)
 from jaxllm.tool_calling.reasoning import (REASONING_PARSERS, ReasoningParser, ReasoningSplit, ReasoningStream,
                                            assemble_reasoning_deltas, get_reasoning_parser)
@@ -34,4 +37,4 @@ __all__ = ["ToolCall", "ExtractedToolCalls", "new_call_id", "ContentDelta", "Rea
            "assemble_tool_deltas", "ToolParser", "ToolCallStream", "TOOL_PARSERS", "get_tool_parser",
            "ReasoningParser", "ReasoningStream", "ReasoningSplit", "REASONING_PARSERS", "get_reasoning_parser",
            "assemble_reasoning_deltas", "validate_tools", "validate_tool_choice", "required_schema", "named_schema",
-           "calls_from_required_output", "calls_from_named_output"]
+           "RequiredToolParser", "NamedToolParser", "MAX_PARALLEL_CALLS"]

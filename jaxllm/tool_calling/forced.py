@@ -3,24 +3,26 @@
 
     "required"                          the output is a JSON array of one or more calls
                                         [{"name": "get_weather", "parameters": {"city": "Paris"}}, ...]
-                                        (at most one when parallel_tool_calls is false)
+                                        (at most one when parallel_tool_calls is false, at most
+                                        MAX_PARALLEL_CALLS otherwise)
     {"type": "function",                the output is the named function's arguments object
      "function": {"name": "get_weather"}}  {"city": "Paris"}
 
 required_schema() / named_schema() build the schemas from the request's tools (validated first: tools.py);
-calls_from_required_output() / calls_from_named_output() read an output back, and raise ValueError when it is not
-what the schema asks for (an output cut short by max_tokens).
+RequiredToolParser / NamedToolParser read an output back into calls, whole or as it streams (the name first,
+then the arguments in pieces, as the auto parsers do).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
-from jaxllm.tool_calling.calls import ToolCall, arguments_text, new_call_id
+from jaxllm.tool_calling.call_head import MORE, NO, STRING, WS, ArgumentsText, match_head
+from jaxllm.tool_calling.stream import CallArguments, CallStart, Step, ToolParser
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
+MAX_PARALLEL_CALLS = 8  # a bound on one reply's calls: a small model at temperature 0 may repeat a call forever
 _DEFINITIONS = ("$defs", "definitions")  # moved to the top of the required schema, where "#/$defs/..." points
 
 
@@ -28,13 +30,12 @@ def required_schema(tools: list[dict], *, parallel_tool_calls: bool = True) -> d
     """The schema of tool_choice "required": an array of calls, each {"name": one of the tools' names,
     "parameters": that tool's parameters}."""
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "maxItems": MAX_PARALLEL_CALLS if parallel_tool_calls else 1,
                               "items": {"type": "object", "anyOf": [_call_schema(tool) for tool in tools]}}
-    if not parallel_tool_calls:
-        schema["maxItems"] = 1
     for key in _DEFINITIONS:
         definitions = _merged_definitions(tools, key)
         if definitions:
-            schema[key] = definitions
+            schema[key] = {name: implied_bounds(definition) for name, definition in definitions.items()}
     return schema
 
 
@@ -42,32 +43,83 @@ def named_schema(tools: list[dict], name: str) -> dict:
     """The schema of a named tool_choice: the function's parameters."""
     for tool in tools:
         if tool["function"]["name"] == name:
-            return copy.deepcopy(tool["function"].get("parameters") or _NO_PARAMETERS)
+            return implied_bounds(copy.deepcopy(tool["function"].get("parameters") or _NO_PARAMETERS))
     raise ValueError(f"tool_choice.function.name: {name!r} is not a declared tool")
 
 
-def calls_from_required_output(text: str) -> list[ToolCall]:
-    """The calls of a tool_choice "required" output."""
-    value = _json(text, "'required'")
-    if not isinstance(value, list) or not value:
-        raise ValueError("tool_choice 'required': the output is not a non-empty JSON array of calls")
-    calls = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise ValueError(f"tool_choice 'required': call {i} is not an object with a string `name`")
-        arguments = arguments_text(item.get("parameters"))
-        if arguments is None:
-            raise ValueError(f"tool_choice 'required': call {i} has no `parameters` object")
-        calls.append(ToolCall(id=new_call_id(), name=item["name"], arguments=arguments))
-    return calls
+class RequiredToolParser(ToolParser):
+    """The calls of a tool_choice "required" output, streamed: each call's name once read, then its parameters
+    object's text as it arrives. The output is the schema's: an array of {"name", "parameters"} objects in that
+    order (compact or not); what does not read as one ends the reading (an output cut by max_tokens gives the
+    calls up to the cut, the last one's arguments cut too)."""
+
+    name = "required"
+
+    def scanner(self) -> "RequiredScanner":
+        return RequiredScanner()
 
 
-def calls_from_named_output(name: str, text: str) -> list[ToolCall]:
-    """The one call of a named tool_choice output: its arguments are the output's text (stripped of the
-    whitespace around it), once read as a JSON object."""
-    if not isinstance(_json(text, repr(name)), dict):
-        raise ValueError(f"tool_choice {name!r}: the output is not a JSON object")
-    return [ToolCall(id=new_call_id(), name=name, arguments=text.strip())]
+class NamedToolParser(ToolParser):
+    """The one call of a named tool_choice: the output (the whitespace around it dropped) is its arguments,
+    streamed as they arrive."""
+
+    name = "named"
+
+    def __init__(self, function: str):
+        self.function = function
+
+    def scanner(self) -> "NamedScanner":
+        return NamedScanner(self.function)
+
+
+class RequiredScanner:
+    def __init__(self):
+        self._state = _OPEN
+        self._arguments: ArgumentsText | None = None
+
+    def step(self, unread: str, final: bool) -> Step | None:
+        if self._state == _ARGUMENTS:
+            return self._streamed(unread, final)
+        if self._state == _DONE:
+            return (len(unread), []) if unread else None
+        head = match_head(unread, _OPEN_ARRAY if self._state == _OPEN else _NEXT_ITEM, final)
+        if head == MORE:
+            return None
+        if head == NO:
+            self._state = _DONE
+            return 0, []
+        self._state, self._arguments = _ARGUMENTS, ArgumentsText(0)
+        return head.arguments_at, [CallStart(head.name)]
+
+    def _streamed(self, unread: str, final: bool) -> Step | None:
+        step, over = self._arguments.scan(unread, final)
+        if over:
+            self._state, self._arguments = _NEXT, None
+        return step
+
+
+class NamedScanner:
+    def __init__(self, function: str):
+        self._function, self._started = function, False
+
+    def step(self, unread: str, final: bool) -> Step | None:
+        body = unread.rstrip()  # trailing whitespace: held back, dropped at the end
+        if not self._started:
+            space = len(unread) - len(unread.lstrip())
+            if space:
+                return space, []
+            if not body:
+                return None
+            self._started = True
+            return 0, [CallStart(self._function)]
+        read = len(unread) if final else len(body)
+        return (read, [CallArguments(body)]) if read else None
+
+
+_OPEN, _NEXT, _ARGUMENTS, _DONE = "open", "next", "arguments", "done"
+_ITEM = [WS, "{", WS, '"name"', WS, ":", WS, STRING, WS, ",", WS, '"parameters"', WS, ":", WS, "{"]
+_OPEN_ARRAY = [WS, "["] + _ITEM
+_NEXT_ITEM = [WS, "}", WS, ","] + _ITEM  # the previous call's closing "}", then the next call
 
 
 def _call_schema(tool: dict) -> dict:
@@ -75,9 +127,47 @@ def _call_schema(tool: dict) -> dict:
     parameters = copy.deepcopy(function.get("parameters") or _NO_PARAMETERS)
     for key in _DEFINITIONS:
         parameters.pop(key, None)
+    parameters = implied_bounds(parameters)
     return {"type": "object", "properties": {"name": {"type": "string", "enum": [function["name"]]},
                                              "parameters": parameters},
             "required": ["name", "parameters"], "additionalProperties": False}
+
+
+def implied_bounds(schema: Any) -> Any:
+    """`schema` (changed in place) with the item counts that its uniqueItems arrays already imply written out as
+    maxItems: an array of distinct items drawn from an enum of k values (or booleans: 2, a const: 1) has at most
+    k items. The schema accepts exactly what it accepted; the grammar then cannot repeat an item forever."""
+    if isinstance(schema, list):
+        for item in schema:
+            implied_bounds(item)
+    elif isinstance(schema, dict):
+        for key, value in schema.items():
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                for subschema in value.values():
+                    implied_bounds(subschema)
+            elif key not in ("enum", "const", "default", "examples"):
+                implied_bounds(value)
+        items = schema.get("items")
+        count = _distinct_values(items) if schema.get("uniqueItems") is True else None
+        if count is not None and not (isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= count):
+            schema["maxItems"] = count
+    return schema
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+
+
+def _distinct_values(items: Any) -> int | None:
+    """How many distinct values an items schema allows, where it says so plainly (None: not counted)."""
+    if not isinstance(items, dict):
+        return None
+    if "const" in items:
+        return 1
+    if isinstance(items.get("enum"), list):
+        return len({repr(value) for value in items["enum"]})
+    if items.get("type") == "boolean":
+        return 2
+    return None
 
 
 def _merged_definitions(tools: list[dict], key: str) -> dict:
@@ -90,10 +180,3 @@ def _merged_definitions(tools: list[dict], key: str) -> dict:
                                  f"definition of the same name (the required schema holds one of each)")
             merged[name] = copy.deepcopy(definition)
     return merged
-
-
-def _json(text: str, choice: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"tool_choice {choice}: the output is not JSON ({e})") from None

@@ -4,6 +4,9 @@
     <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}
 
 A call is a JSON object {"name": string, "parameters" or "arguments": object}; several are separated by ";".
+Written in that order, a call streams: once `{"name": "get_weather", "parameters": {` is read it is a call, and its
+arguments are the object's text as written (the call object's closing "}" is then expected; anything else after
+the arguments is content). A call in another order is read whole at its end.
 Calls open the output (after whitespace) or follow <|python_tag|> (text before the tag is content). What follows
 the last call is content. An object that is no call is content, as is what follows it up to the next
 <|python_tag|> (the tag included when no call follows it: <|python_tag|> also opens Llama's code interpreter
@@ -15,12 +18,15 @@ from __future__ import annotations
 import json
 
 from jaxllm.tool_calling.brackets import JsonEnd
+from jaxllm.tool_calling.call_head import MORE, NO, STRING, WS, ArgumentsText, match_head
 from jaxllm.tool_calling.calls import arguments_text
 from jaxllm.tool_calling.markers import leading_space, starts_with, text_before_marker
-from jaxllm.tool_calling.stream import Call, Content, Step, ToolParser
+from jaxllm.tool_calling.stream import Call, CallStart, Content, Step, ToolParser
 
 PYTHON_TAG = "<|python_tag|>"
-START, TEXT, CALL, AFTER_CALL = "start", "text", "call", "after call"
+CALL_HEAD = [WS, "{", WS, '"name"', WS, ":", WS, STRING, WS, ",", WS, ('"parameters"', '"arguments"'), WS, ":", WS,
+             "{"]
+START, TEXT, CALL, ARGUMENTS, CALL_END, AFTER_CALL = "start", "text", "call", "arguments", "call end", "after call"
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -35,10 +41,11 @@ class Llama3JsonScanner:
         self._state = START
         self._opener = ""  # what led to the call being read (a tag, a separator): content if no call follows
         self._json: JsonEnd | None = None
+        self._arguments: ArgumentsText | None = None
 
     def step(self, unread: str, final: bool) -> Step | None:
-        return {START: self._start, TEXT: self._text, CALL: self._call, AFTER_CALL: self._after_call}[self._state](
-            unread, final)
+        return {START: self._start, TEXT: self._text, CALL: self._call, ARGUMENTS: self._streamed,
+                CALL_END: self._call_end, AFTER_CALL: self._after_call}[self._state](unread, final)
 
     def _start(self, unread: str, final: bool) -> Step | None:
         """The output's opening: calls when it opens with an object or the tag, else content."""
@@ -71,6 +78,12 @@ class Llama3JsonScanner:
         if unread[start:start + 1] != "{":
             return self._content(start, self._opener + unread[:start])
         if self._json is None:
+            head = match_head(unread, CALL_HEAD, final)
+            if head == MORE:
+                return None
+            if head != NO:
+                self._state, self._opener, self._arguments = ARGUMENTS, "", ArgumentsText(0)
+                return head.arguments_at, [CallStart(head.name)]
             self._json = JsonEnd(start)
         end = self._json.find(unread)
         if end is None:
@@ -81,6 +94,25 @@ class Llama3JsonScanner:
             return self._content(end, self._opener + unread[:end])
         self._state, self._opener = AFTER_CALL, ""
         return end, [call]
+
+    def _streamed(self, unread: str, final: bool) -> Step | None:
+        """A streamed call's arguments, handed out as they arrive, up to the object's end (or the output's)."""
+        step, over = self._arguments.scan(unread, final)
+        if over:
+            self._state, self._arguments = CALL_END, None
+        return step
+
+    def _call_end(self, unread: str, final: bool) -> Step | None:
+        """After a streamed call's arguments: the call object's "}" (then maybe ";" and another call), or
+        content."""
+        start = leading_space(unread)
+        if start == len(unread) and not final:
+            return None
+        if unread[start:start + 1] == "}":
+            self._state = AFTER_CALL
+            return start + 1, []
+        self._state = TEXT
+        return 0, []
 
     def _content(self, read: int, text: str) -> Step:
         self._state, self._opener, self._json = TEXT, "", None

@@ -6,7 +6,8 @@
     [TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}[TOOL_CALLS]neg[ARGS]{"a": 3}
                                                             v13: [ARGS] between them
 
-Text before and between is content. A [TOOL_CALLS] that no well-formed call follows is content, from the marker to
+The named forms stream: once the name and the arguments' "{" are read it is a call, and its arguments are the
+object's text as written. Text before and between is content. A [TOOL_CALLS] that no well-formed call follows is content, from the marker to
 where the text stops being a call. [TOOL_CALLS] and [ARGS] are special tokens: the output must be detokenized with
 them (skip_special_tokens=False). Call ids are 9 letters and digits: Mistral's chat templates refuse any other id
 when the call comes back in the conversation.
@@ -18,9 +19,10 @@ import json
 import re
 
 from jaxllm.tool_calling.brackets import JsonEnd
+from jaxllm.tool_calling.call_head import ArgumentsText
 from jaxllm.tool_calling.calls import arguments_text, random_alphanumeric
 from jaxllm.tool_calling.markers import leading_space, starts_with, text_before_marker
-from jaxllm.tool_calling.stream import Call, Content, Step, ToolParser
+from jaxllm.tool_calling.stream import Call, CallStart, Content, Step, ToolParser
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.-]*")
@@ -40,8 +42,11 @@ class MistralScanner:
     def __init__(self):
         self._in_call = False
         self._json: JsonEnd | None = None  # inside a call: the end of its JSON value, searched as text arrives
+        self._arguments: ArgumentsText | None = None  # a named call's arguments, streamed
 
     def step(self, unread: str, final: bool) -> Step | None:
+        if self._arguments is not None:
+            return self._streamed(unread, final)
         if self._in_call:
             return self._call(unread, final)
         read, text, found = text_before_marker(unread, MARKER, final)
@@ -69,7 +74,15 @@ class MistralScanner:
             return self._not_a_call(unread, len(unread)) if final else None
         if name_end == start or unread[value_start] != "{":
             return self._not_a_call(unread, value_start)
-        return self._json_value(unread, value_start, final, lambda text: parse_named(unread[start:name_end], text))
+        self._in_call, self._arguments = False, ArgumentsText(0)
+        return value_start, [CallStart(unread[start:name_end])]
+
+    def _streamed(self, unread: str, final: bool) -> Step | None:
+        """A named call's arguments, handed out as they arrive, up to the object's end (or the output's)."""
+        step, over = self._arguments.scan(unread, final)
+        if over:
+            self._arguments = None
+        return step
 
     def _json_value(self, unread: str, start: int, final: bool, parse) -> Step | None:
         if self._json is None:
@@ -107,7 +120,3 @@ def parse_item(item) -> Call | None:
     return None if arguments is None else Call(item["name"], arguments)
 
 
-def parse_named(name: str, text: str) -> list[Call] | None:
-    """The call `name` with the arguments object `text`, or None when that is not a JSON object."""
-    arguments = arguments_text(text)
-    return None if arguments is None else [Call(name, arguments)]

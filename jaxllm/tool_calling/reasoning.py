@@ -35,6 +35,8 @@ class ReasoningSplit(NamedTuple):
 class ReasoningParser:
     """A reasoning format (no state of its own: one serves every request)."""
 
+    end = CLOSE  # the text after which the answer begins (a constraint on the answer waits for it)
+
     def __init__(self, name: str, *, opens_implicitly: bool):
         self.name = name
         self.opens_implicitly = opens_implicitly  # the output is reasoning from its start, <think> or not

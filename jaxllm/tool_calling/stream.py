@@ -7,16 +7,19 @@ at a time, and tells what each piece is:
 
 `unread` is the output not read yet; `final` says that no more will come. A step reads a prefix of `unread` whose
 reading no text that follows can change (or reads nothing and changes the scanner's state), and returns what it
-read as events: Content(text) or Call(name, arguments). None: the step cannot go on before more text arrives
-(when `final`: there is nothing left to read).
+read as events: Content(text), Call(name, arguments) (a call read whole), or CallStart(name) followed by
+CallArguments(text) pieces (a call streamed: its arguments handed out as they arrive). None: the step cannot go
+on before more text arrives (when `final`: there is nothing left to read).
 
 ToolCallStream drives the scanner over text fed in pieces and turns events into deltas; ToolParser.extract
 feeds the whole text as one piece. So a stream's deltas, reassembled, are the extract() of the whole text, however
 the text was split.
 
-A call is handed out once it is complete and well formed, in two deltas (index, id and name; then the arguments):
-until then the text may still turn out to be no call, and then it is content. Content streams as it comes,
-except for a tail that may be the start of a marker, and whitespace that may stand before a call (whitespace
+A call's first delta carries its index, id and name; the next ones its arguments. A format streams a call once
+its head (the marker, the name and the opening of the arguments object) has been read: from there it is a call,
+and its arguments come in pieces as the model writes them. A call whose head is not in that form is read whole
+(handed out once complete and well formed; until then it may still turn out to be content). Content streams as
+it comes, except for a tail that may be the start of a marker, and whitespace that may stand before a call (whitespace
 next to a call is dropped: whitespace.py).
 """
 
@@ -39,7 +42,15 @@ class Call(NamedTuple):
     arguments: str  # a JSON object, as text
 
 
-Event = Content | Call
+class CallStart(NamedTuple):
+    name: str
+
+
+class CallArguments(NamedTuple):
+    text: str  # the next piece of the arguments of the call last started
+
+
+Event = Content | Call | CallStart | CallArguments
 Step = tuple[int, list[Event]]
 _MAX_IDLE_STEPS = 8
 
@@ -91,10 +102,13 @@ class ToolCallStream:
         if isinstance(event, Content):
             text = self._space.push(event.text)
             return [ContentDelta(text)] if text else []
+        if isinstance(event, CallArguments):
+            return [ToolCallDelta(self.num_tool_calls - 1, event.text)] if event.text else []
         self._space.edge()
         index = self.num_tool_calls
         self.num_tool_calls += 1
-        return [ToolCallDelta(index, "", id=self._new_id(), name=event.name), ToolCallDelta(index, event.arguments)]
+        head = ToolCallDelta(index, "", id=self._new_id(), name=event.name)
+        return [head] if isinstance(event, CallStart) else [head, ToolCallDelta(index, event.arguments)]
 
 
 class ToolParser(ABC):

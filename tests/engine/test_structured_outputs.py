@@ -312,3 +312,54 @@ def test_a_constraint_sent_again_is_not_parsed_again():
     again = StructuredOutputsParams(json={"type": "object", "properties": {"b": {"type": "integer"}}})
     assert again.parsed() is first.parsed()
     assert StructuredOutputsParams(json={"type": "object"}).parsed() is not first.parsed()
+
+
+@pytest.mark.slow
+def test_a_reasoning_gate_holds_the_grammar_back_until_the_reasoning_ends(model):
+    """While the output reasons every token is allowed and none reaches the matcher; the token completing
+    </think> opens the gate, and from the next token on the grammar constrains (as a fresh one would)."""
+    from jaxllm.structured_outputs.request_state import ReasoningGate, RequestGrammar
+    from jaxllm.tokenizer import load_tokenizer
+    from jaxllm.loaders import resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(model))
+    compiled = GrammarCompiler(tokenizer, 49152, (2,)).submit(StructuredOutputsParams(json=SCHEMA,
+                                                                                     disable_any_whitespace=True))
+    compiled.result()
+    gate = ReasoningGate("</think>", tokenizer.decode)
+    grammar, fresh = RequestGrammar(compiled, gate), RequestGrammar(compiled)
+    masks = np.zeros((3, -(-49152 // 32)), np.int32)
+    fresh.fill(masks, 0)
+    thinking = tokenizer.encode("<think>]] not JSON </th", add_special_tokens=False)
+    for token in thinking:
+        grammar.fill(masks, 1)
+        assert (masks[1] == -1).all() and not grammar.is_terminated and not grammar.active
+        assert grammar.accept(token)
+    assert not gate.open and grammar.num_accepted == 0
+    for token in tokenizer.encode("ink>", add_special_tokens=False):
+        grammar.accept(token)
+    assert gate.open and grammar.active and grammar.num_accepted == 0
+    grammar.fill(masks, 2)
+    np.testing.assert_array_equal(masks[2], masks[0])
+    assert not grammar.accept(tokenizer.encode("]", add_special_tokens=False)[0])
+    assert grammar.accept(tokenizer.encode("{", add_special_tokens=False)[0]) and grammar.num_accepted == 1
+
+
+@pytest.mark.slow
+def test_a_constraint_after_reasoning_waits_for_its_end_unless_the_prompt_closed_it(model):
+    """reasoning_end set (a server's reasoning parser): a prompt that ends with </think> (thinking disabled by the
+    template) is constrained from the first token; one that opens a think section is not constrained while the
+    (random) model never closes it."""
+    llm = make_llm(model)
+    tokenizer = llm.get_tokenizer()
+    outputs = {}
+    for name, prompt in (("closed", "Answer.<think>\n\n</think>\n\n"), ("open", "Answer.<think>\n")):
+        so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+        so.reasoning_end = "</think>"
+        params = SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=so)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        outputs[name] = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
+    assert outputs["closed"].finish_reason == "stop"
+    check_output("json", outputs["closed"].text)
+    assert outputs["open"].finish_reason == "length" and "</think>" not in outputs["open"].text
+    assert not outputs["open"].text.startswith('{"ok":')  # a random model's free text, not the schema's

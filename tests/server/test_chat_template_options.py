@@ -95,3 +95,35 @@ def test_a_bad_chat_setting_stops_the_start(tiny_model_with_tokenizer, flags, me
     result = subprocess.run([sys.executable, "-m", "jaxllm.entrypoints.openai.api_server",
                              str(tiny_model_with_tokenizer), *flags], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def escaping_flag_server(start_server, tmp_path_factory):
+    path = tmp_path_factory.mktemp("escape") / "chat.jinja"
+    path.write_text(ESCAPES[1])  # valid Jinja: the flag takes it; rendering it is what the sandbox refuses
+    return start_server("--max-model-len", "256", "--chat-template", str(path))
+
+
+@pytest.fixture(scope="module")
+def escaping_model_server(tiny_model_with_tokenizer, tmp_path_factory):
+    from tests.server.conftest import ServerProcess
+    from tests.unit.test_chat_templates import hostile_model
+
+    model = hostile_model(tiny_model_with_tokenizer, tmp_path_factory.mktemp("hostile") / "model", ESCAPES[0])
+    server = ServerProcess(model, tmp_path_factory.mktemp("server-log") / "server.log", "--max-model-len", "256",
+                           "--no-warmup")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("which", ["escaping_flag_server", "escaping_model_server"])
+def test_sandbox_escapes_through_the_flag_or_the_models_template_are_400s(request, which):
+    """A --chat-template and a model's own tokenizer_config.json template that reach for Python's internals: each
+    chat request is a 400 naming the template's failure, and the server keeps serving."""
+    server = request.getfixturevalue(which)
+    for _ in range(2):
+        error = refusal(server, "/v1/chat/completions", {})
+        assert error["param"] == "messages" and "SecurityError" in error["message"], error
+    reply = httpx.post(server.url + "/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+    assert reply.status_code == 200, reply.text

@@ -8,6 +8,7 @@ it with a regex: what is tested is how the server reads them."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -94,11 +95,16 @@ def test_required_tool_choice_gives_valid_calls(tool_server):
         assert len(calls) == 1
 
 
-def test_required_calls_cut_by_max_tokens_are_not_returned(tool_server):
-    """Several calls allowed: the random model goes on adding calls until max_tokens; no half call comes back."""
-    choice = post(tool_server, {"tools": TOOLS, "tool_choice": "required", "max_tokens": 40,
-                                "temperature": 0}).json()["choices"][0]
-    assert choice["finish_reason"] == "length" and choice["message"]["tool_calls"] == []
+def test_required_calls_cut_by_max_tokens_come_back_as_far_as_generated(tool_server):
+    """Several calls allowed: the random model goes on adding calls until max_tokens; the calls begun come back
+    (the last one's arguments cut), the same streamed and not (finish_reason "length" says why)."""
+    body = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 30, "temperature": 0}
+    choice = post(tool_server, body).json()["choices"][0]
+    calls = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "length" and calls
+    assert all(call["function"]["name"] in ("get_weather", "add") for call in calls)
+    message, finish = streamed(tool_server, body)
+    assert finish == "length" and [c["function"] for c in message["tool_calls"]] == [c["function"] for c in calls]
 
 
 def test_a_named_function_is_called(tool_server):
@@ -129,6 +135,30 @@ def test_streamed_calls_reassemble_into_the_whole_reply(tool_server, body):
     check_calls(reply["message"]["tool_calls"])
     if "structured_outputs" in body:
         assert reply["message"]["content"] == "Let me check."
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_the_openai_stream_helper_reassembles_the_whole_call_from_argument_pieces(tool_server, choice):
+    """client.chat.completions.stream: the arguments arrive in several pieces (after the id and name), and the
+    helper's final completion holds exactly the non-streamed reply's calls."""
+    openai_client = client(tool_server.url)
+    body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=120,
+                parallel_tool_calls=False)
+    whole = openai_client.chat.completions.create(**body).choices[0]
+    pieces = []
+    with openai_client.chat.completions.stream(**body) as stream:
+        for event in stream:
+            if event.type == "chunk" and event.chunk.choices and event.chunk.choices[0].delta.tool_calls:
+                [item] = event.chunk.choices[0].delta.tool_calls
+                pieces.append((item.id, item.function.name, item.function.arguments))
+        final = stream.get_final_completion().choices[0]
+    assert pieces[0][:2] == (final.message.tool_calls[0].id, "get_weather" if isinstance(choice, dict) else
+                             whole.message.tool_calls[0].function.name)
+    assert len([p for p in pieces if p[2]]) >= 3 and all(p[0] is None for p in pieces[1:])
+    assert final.finish_reason == whole.finish_reason
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    check_calls([c.model_dump() for c in final.message.tool_calls])
 
 
 def test_auto_without_calls_is_plain_content(tool_server):
@@ -163,15 +193,35 @@ def test_langchain_bind_tools(tool_server):
         jsonschema.validate(call["args"], declared[call["name"]])
 
 
-def test_reasoning_is_returned_apart(reasoning_server):
-    body = {"structured_outputs": {"regex": "<think>[a-z]{3,6}</think>[a-z]{2,4}"}, "temperature": 0}
+def thinking(reasoning: str) -> dict:
+    """The assistant's reply begun with `reasoning` (prefilled and echoed: the random model would not think)."""
+    return {"messages": [*ASK, {"role": "assistant", "content": reasoning}], "continue_final_message": True,
+            "add_generation_prompt": False, "echo": True}
+
+
+def test_reasoning_is_returned_apart_and_the_constraint_applies_to_the_answer(reasoning_server):
+    """A prefilled think section closed by the prompt: the reply's reasoning comes apart, and the regex constrains
+    the answer after </think> (streamed the same)."""
+    body = {**thinking("<think>abc</think>"), "structured_outputs": {"regex": "[a-z]{2,4}"}, "temperature": 0}
     choice = post(reasoning_server, body).json()["choices"][0]
     reasoning, content = choice["message"]["reasoning_content"], choice["message"]["content"]
-    assert reasoning.isalpha() and content.isalpha() and 3 <= len(reasoning) <= 6
+    assert reasoning == "abc" and re.fullmatch("[a-z]{2,4}", content) and choice["finish_reason"] == "stop"
     message, finish = streamed(reasoning_server, body)
     assert (message["reasoning_content"], message["content"], finish) == (reasoning, content, "stop")
-    disabled = post(reasoning_server, {**body, "chat_template_kwargs": {"enable_thinking": False}}).json()
-    assert disabled["choices"][0]["message"]["content"].startswith("<think>")
+
+
+def test_a_constraint_waits_while_the_reply_is_still_reasoning(reasoning_server):
+    """An open think section: the constraint does not bind the reasoning (the random model, never closing it,
+    runs to max_tokens with free text); with thinking disabled it binds from the first token."""
+    body = {**thinking("<think>"), "structured_outputs": {"regex": "[a-z]{2,4}"}, "temperature": 0,
+            "max_tokens": 24}
+    choice = post(reasoning_server, body).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and not choice["message"]["content"]
+    assert not re.fullmatch("[a-z]{0,24}", choice["message"]["reasoning_content"])
+    disabled = post(reasoning_server, {"structured_outputs": {"regex": "[a-z]{2,4}"}, "temperature": 0,
+                                       "chat_template_kwargs": {"enable_thinking": False}}).json()["choices"][0]
+    assert re.fullmatch("[a-z]{2,4}", disabled["message"]["content"]) and disabled["finish_reason"] == "stop"
+    assert disabled["message"].get("reasoning_content") is None
 
 
 @pytest.mark.parametrize("body, field, message", [

@@ -1,15 +1,20 @@
 """tool_choice "required" and named: the schemas, checked with jsonschema against example outputs (and accepted by
-xgrammar, the engine's structured-outputs backend, where it is installed), and outputs read back into calls."""
+xgrammar, the engine's structured-outputs backend, where it is installed), the bounds they add (at most
+MAX_PARALLEL_CALLS calls; the maxItems a uniqueItems enum array implies), and outputs read back into calls, whole
+and streamed in pieces."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import jsonschema
 import pytest
 
-from jaxllm.tool_calling import (calls_from_named_output, calls_from_required_output, named_schema, required_schema,
-                                 validate_tools)
+from jaxllm.tool_calling import (MAX_PARALLEL_CALLS, NamedToolParser, RequiredToolParser, ToolCallDelta,
+                                 assemble_tool_deltas, named_schema, required_schema, validate_tools)
+from jaxllm.tool_calling.forced import implied_bounds
+from tests.tool_calling.helpers import check_delta_shapes, random_pieces, without_ids
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -55,13 +60,41 @@ def test_required_schema_accepts_calls_and_refuses_the_rest():
         assert not is_valid(schema, output), output
     single = required_schema(TOOLS, parallel_tool_calls=False)
     assert is_valid(single, GOOD[0]) and not is_valid(single, GOOD[1])
+    many = [{"name": "now", "parameters": {}}] * MAX_PARALLEL_CALLS
+    assert is_valid(schema, many) and not is_valid(schema, many + many[:1])
+
+
+def test_implied_bounds_write_out_what_unique_items_already_imply():
+    days = {"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "uniqueItems": True}
+    schema = {"type": "object", "properties": {
+        "days": days, "enum": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}},  # repeats allowed: no bound
+        "one": {"type": "array", "items": {"const": 3}, "uniqueItems": True, "maxItems": 5},
+        "tight": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "maxItems": 1}},
+        "$defs": {"d": days}}
+    bounded = implied_bounds(json.loads(json.dumps(schema)))
+    props = bounded["properties"]
+    assert props["days"]["maxItems"] == 3 and bounded["$defs"]["d"]["maxItems"] == 3
+    assert props["enum"]["maxItems"] == 2 and props["one"]["maxItems"] == 1 and props["tight"]["maxItems"] == 1
+    assert "maxItems" not in props["tags"]
+    # the same values are valid before and after: every subset, and one item too many is refused by both
+    for value in ({"days": ["mon", "wed", "tue"]}, {"days": ["mon", "mon"]}, {"enum": [True, False]},
+                  {"one": [3]}, {"one": [3, 3]}, {"tags": ["a"] * 9}, {"tight": ["a", "b"]}):
+        assert is_valid(schema, value) == is_valid(bounded, value), value
+    tools = [{"type": "function", "function": {"name": "alarm", "parameters": schema}}]
+    assert named_schema(tools, "alarm")["properties"]["days"]["maxItems"] == 3
+    assert required_schema(tools)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["days"][
+        "maxItems"] == 3
+    assert "maxItems" not in schema["properties"]["days"]  # the tools are left as they were
 
 
 @pytest.mark.parametrize("output", GOOD)
-def test_a_required_output_parses_back_into_calls(output):
-    text = json.dumps(output, ensure_ascii=False)
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_required_output_parses_back_into_calls(output, compact):
+    text = json.dumps(output, ensure_ascii=False, indent=None if compact else 2,
+                      separators=(",", ":") if compact else None)
     assert is_valid(required_schema(TOOLS), json.loads(text))
-    calls = calls_from_required_output(text)
+    calls = RequiredToolParser().extract(text).tool_calls
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [(o["name"], o["parameters"]) for o in output]
     assert all(c.id.startswith("call_") and c.type == "function" for c in calls)
     assert len({c.id for c in calls}) == len(calls)
@@ -69,11 +102,45 @@ def test_a_required_output_parses_back_into_calls(output):
         assert is_valid(named_schema(TOOLS, call.name), json.loads(call.arguments))
 
 
-@pytest.mark.parametrize("text", ['[{"name": "now", "parameters": {', "[]", '{"name": "now", "parameters": {}}',
-                                  '[{"name": "now"}]', '[{"parameters": {}}]', "not json"])
-def test_a_bad_required_output_is_a_value_error(text):
-    with pytest.raises(ValueError, match="tool_choice 'required'"):
-        calls_from_required_output(text)
+@pytest.mark.parametrize("text,calls", [
+    ('[{"name": "now", "parameters": {', [("now", "{")]),  # cut by max_tokens: the call as far as it came
+    ('[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "param', [("f", '{"a": 1}')]),
+    ("[]", []), ('{"name": "now", "parameters": {}}', []), ('[{"name": "now"}]', []), ('[{"parameters": {}}]', []),
+    ("not json", [])])
+def test_a_required_output_that_is_not_the_schemas_gives_the_calls_begun(text, calls):
+    assert without_ids(RequiredToolParser().extract(text)) == (None, calls)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_forced_calls_stream_in_pieces_that_add_up_to_the_whole(seed):
+    rng = random.Random(seed)
+    for output in GOOD:
+        text = json.dumps(output, ensure_ascii=False, indent=rng.choice([None, 2]))
+        for parser, text in ((RequiredToolParser(), text),
+                             (NamedToolParser("send_mail"), "\n " + json.dumps(output[-1]["parameters"]) + " \n")):
+            stream, deltas = parser.stream(), []
+            for piece in random_pieces(text, rng):
+                deltas += stream.feed(piece)
+            deltas += stream.finish()
+            check_delta_shapes(deltas)
+            assert without_ids(assemble_tool_deltas(deltas)) == without_ids(parser.extract(text))
+
+
+def test_forced_arguments_arrive_as_they_are_generated():
+    stream = RequiredToolParser().stream()
+    assert stream.feed('[{"name": "get_wea') == []
+    assert stream.feed('ther", "parameters": ') == []  # the head is settled by the arguments' opening
+    head, first = stream.feed('{"city": "Pa')
+    assert (head.index, head.name, head.arguments) == (0, "get_weather", "") and head.id.startswith("call_")
+    assert first == ToolCallDelta(0, '{"city": "Pa') and stream.feed('ri') == [ToolCallDelta(0, "ri")]
+    end, second, opening = stream.feed('s"}}, {"name": "now", "parameters": {')
+    assert end == ToolCallDelta(0, 's"}') and (second.index, second.name) == (1, "now")
+    assert opening == ToolCallDelta(1, "{") and stream.feed("}}]") == [ToolCallDelta(1, "}")]
+    stream = NamedToolParser("now").stream()
+    assert stream.feed(" \n") == []
+    [head, first] = stream.feed('{"a": ')
+    assert head.name == "now" and first == ToolCallDelta(0, '{"a":')  # trailing whitespace held back
+    assert stream.feed("1} \n") == [ToolCallDelta(0, " 1}")] and stream.finish() == []
 
 
 def test_named_schema_and_output():
@@ -83,11 +150,11 @@ def test_named_schema_and_output():
     assert named_schema(TOOLS, "now") == {"type": "object", "properties": {}}
     with pytest.raises(ValueError, match="'get_time' is not a declared tool"):
         named_schema(TOOLS, "get_time")
-    [call] = calls_from_named_output("get_weather", '\n{"city": "Paris"} ')
+    [call] = NamedToolParser("get_weather").extract('\n{"city": "Paris"} ').tool_calls
     assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}') and call.id.startswith("call_")
-    for text in ('{"city": "Par', "[1]"):
-        with pytest.raises(ValueError, match="tool_choice 'get_weather'"):
-            calls_from_named_output("get_weather", text)
+    assert without_ids(NamedToolParser("get_weather").extract(' {"city": "Par')) == (
+        None, [("get_weather", '{"city": "Par')])  # cut by max_tokens
+    assert without_ids(NamedToolParser("get_weather").extract(" \n ")) == (None, [])
 
 
 def test_definitions_that_differ_between_tools_are_refused():

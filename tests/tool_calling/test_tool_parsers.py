@@ -1,5 +1,6 @@
 """Each tool-call parser on outputs as its models write them: several calls, text around them, malformed calls left
-as text, unicode and nested JSON arguments; the registry."""
+as text, unicode and nested JSON arguments; calls whose head was read streaming their arguments as written (broken
+arguments included: the call had begun); the registry."""
 
 from __future__ import annotations
 
@@ -34,23 +35,29 @@ HERMES = [
     # Hermes 2 Pro writes the arguments first
     ('<tool_call>\n{"arguments": {"symbol": "TSLA"}, "name": "get_stock_fundamentals"}\n</tool_call>',
      None, [("get_stock_fundamentals", '{"symbol": "TSLA"}')]),
-    # compact JSON is written back in one form; the arguments given as JSON text; no arguments
-    ('<tool_call>{"name":"f","arguments":{"a":[1,{"b":null}]}}</tool_call>', None, [("f", '{"a": [1, {"b": null}]}')]),
+    # compact JSON: the arguments as written (streamed); the arguments given as JSON text; no arguments (read
+    # whole: written back as JSON)
+    ('<tool_call>{"name":"f","arguments":{"a":[1,{"b":null}]}}</tool_call>', None, [("f", '{"a":[1,{"b":null}]}')]),
     ('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', None, [("f", '{"a": 1}')]),
     ('<tool_call>{"name": "now"}</tool_call>', None, [("now", "{}")]),
     # text after the calls; the last call without its closing tag (the output stopped there)
     ('<tool_call>{"name": "f", "arguments": {}}</tool_call>\n\nDone.', "Done.", [("f", "{}")]),
     ('Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": "é"}}\n', "Sure.", [("f", '{"x": "é"}')]),
-    # malformed calls are content, tags and all; a well-formed one beside them is still a call
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"location": }\n</tool_call>',
-     '<tool_call>\n{"name": "get_weather", "arguments": {"location": }\n</tool_call>', []),
+    # calls whose head is malformed are content, tags and all; a well-formed one beside them is still a call
     ('<tool_call>{"name": "f", "arguments": {}}</tool_call>\n<tool_call>{"arguments": {}}</tool_call>',
      '<tool_call>{"arguments": {}}</tool_call>', [("f", "{}")]),
     ('<tool_call>{"name": "f", "arguments": [1, 2]}</tool_call>', '<tool_call>{"name": "f", "arguments": [1, 2]}'
      '</tool_call>', []),
-    ('<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>',
-     '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>', []),
+    ('<tool_call>{"name": "f" "arguments": {}}</tool_call>', '<tool_call>{"name": "f" "arguments": {}}</tool_call>',
+     []),
     ('Checking.\n<tool_call>\n{"name": "f", "argu', 'Checking.\n<tool_call>\n{"name": "f", "argu', []),
+    # a streamed call had begun: broken or cut arguments stay its arguments, as written; extra text is content
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"location": }\n</tool_call>', None,
+     [("get_weather", '{"location": }')]),
+    ('<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>', None, [("f", '{"a": NaN}')]),
+    ('<tool_call>{"name": "f", "arguments": {"a": 1}, "id": 7}</tool_call>ok', ', "id": 7}ok',
+     [("f", '{"a": 1}')]),
+    ('<tool_call>{"name": "f", "arguments": {"a": "x', None, [("f", '{"a": "x')]),
     # no call: the text as it is, whitespace and all
     ("The capital of France is Paris.\n\n", "The capital of France is Paris.\n\n", []),
     ("  a <tool_ b", "  a <tool_ b", []),
@@ -70,15 +77,18 @@ LLAMA3_JSON = [
     # JSON that is no call is content: no name, no parameters, both keys, arguments that are no object
     ('{"answer": 4}', '{"answer": 4}', []),
     ('{"name": "Ada Lovelace", "born": 1815}', '{"name": "Ada Lovelace", "born": 1815}', []),
-    ('{"name": "f", "parameters": {}, "arguments": {}}', '{"name": "f", "parameters": {}, "arguments": {}}', []),
+    ('{"arguments": {}, "parameters": {}, "name": "f"}', '{"arguments": {}, "parameters": {}, "name": "f"}', []),
     ('{"name": "f", "parameters": "x"}', '{"name": "f", "parameters": "x"}', []),
+    # a streamed call had begun: what follows its arguments other than "}" is content
+    ('{"name": "f", "parameters": {}, "arguments": {}}', ', "arguments": {}}', [("f", "{}")]),
     # a malformed call after a good one; a ";" that no call follows
     ('{"name": "f", "parameters": {}}; {"name": 1, "parameters": {}}', '; {"name": 1, "parameters": {}}',
      [("f", "{}")]),
     ('{"name": "f", "parameters": {}}; and that is all', "; and that is all", [("f", "{}")]),
     # code interpreter calls and unfinished objects are content; plain text
     ("<|python_tag|>print(sum(range(10)))", "<|python_tag|>print(sum(range(10)))", []),
-    ('{"name": "f", "parameters": {"a": 1}', '{"name": "f", "parameters": {"a": 1}', []),
+    ('{"name": "f", "parameters": {"a": 1}', None, [("f", '{"a": 1}')]),  # cut after its arguments
+    ('{"parameters": {"a": 1}, "name": "f"', '{"parameters": {"a": 1}, "name": "f"', []),  # read whole: unfinished
     ("The answer is {x}.", "The answer is {x}.", []),
     ("   ", "   ", []),
 ]
@@ -94,12 +104,14 @@ MISTRAL = [
     ('Let me check.[TOOL_CALLS]get_weather[ARGS]{"location": "Paris, France", "unit": "celsius"}[TOOL_CALLS]'
      'get-time_2[ARGS]{}', "Let me check.", [("get_weather", dumps(WEATHER)), ("get-time_2", "{}")]),
     ('[TOOL_CALLS]f[ARGS]{"a": {"b": ["}", "]"]}}</s>', "</s>", [("f", '{"a": {"b": ["}", "]"]}}')]),
+    # a named call had begun at its arguments' "{": broken or cut, they stay its arguments
+    ('[TOOL_CALLS]f[ARGS]{"a": }', None, [("f", '{"a": }')]),
     # malformed: content from the marker
-    ('[TOOL_CALLS]f[ARGS]{"a": }', '[TOOL_CALLS]f[ARGS]{"a": }', []),
     ('[TOOL_CALLS] no call here', "[TOOL_CALLS] no call here", []),
     ('[TOOL_CALLS] [{"name": "f"}, 3]', '[TOOL_CALLS] [{"name": "f"}, 3]', []),
     ('[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS][1]', '[TOOL_CALLS]g[ARGS][1]', [("f", '{"a": 1}')]),
-    ('[TOOL_CALLS]f[ARGS]{"a": 1', '[TOOL_CALLS]f[ARGS]{"a": 1', []),
+    ('[TOOL_CALLS]f[ARGS]{"a": 1', None, [("f", '{"a": 1')]),
+    ('[TOOL_CALLS] [{"name": "f", "arguments": {}}', '[TOOL_CALLS] [{"name": "f", "arguments": {}}', []),
     ("Just an answer.", "Just an answer.", []),
 ]
 
@@ -130,11 +142,15 @@ CASES = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for cas
     + [("mistral", *case) for case in MISTRAL] + [("pythonic", *case) for case in PYTHONIC]
 
 
+BROKEN = {'{"location": }', '{"a": NaN}', '{"a": "x', '{"a": }', '{"a": 1'}  # arguments a model broke or cut
+
+
 @pytest.mark.parametrize("parser,text,content,calls", CASES)
 def test_extract(parser, text, content, calls):
     assert extract(parser, text) == (content, calls)
     for _, arguments in calls:
-        assert isinstance(json.loads(arguments), dict)
+        if arguments not in BROKEN:
+            assert isinstance(json.loads(arguments), dict)
 
 
 def test_ids_are_fresh_and_shaped_as_the_format_wants():
@@ -149,21 +165,36 @@ def test_ids_are_fresh_and_shaped_as_the_format_wants():
                                     "function": {"name": "f", "arguments": "{}"}}
 
 
-def test_stream_holds_back_what_may_be_a_marker_and_hands_out_calls_whole():
+def test_stream_holds_back_what_may_be_a_marker_and_streams_the_arguments():
     stream = get_tool_parser("hermes").stream()
     assert [d.text for d in stream.feed("Let me check <tool")] == ["Let me check"]
     assert stream.feed("_call>\n{\"name\": \"get_weather\", ") == []
-    assert stream.feed('"arguments": {"city": "Paris"}}\n</tool_') == []
-    head, arguments = stream.feed("call>")
+    head, arguments = stream.feed('"arguments": {"city": ')
     assert (head.index, head.name, head.arguments) == (0, "get_weather", "") and head.id.startswith("call_")
-    assert (arguments.index, arguments.id, arguments.arguments) == (0, None, '{"city": "Paris"}')
+    assert (arguments.index, arguments.id, arguments.arguments) == (0, None, '{"city": ')
     assert head.to_openai() == {"index": 0, "id": head.id, "type": "function",
                                 "function": {"name": "get_weather", "arguments": ""}}
-    assert arguments.to_openai() == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
-    assert stream.num_tool_calls == 1
+    assert arguments.to_openai() == {"index": 0, "function": {"arguments": '{"city": '}}
+    assert stream.feed('"Pa') == [ToolCallDelta(0, '"Pa')]
+    assert stream.feed('ris"}}\n</tool_') == [ToolCallDelta(0, 'ris"}')]
+    assert stream.feed("call>") == [] and stream.num_tool_calls == 1
     assert stream.feed("\n") == [] and stream.finish() == []
     with pytest.raises(RuntimeError):
         stream.feed("x")
+
+
+@pytest.mark.parametrize("parser,text", [
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"q": "a b c d"}}\n</tool_call>'),
+    ("llama3_json", '{"name": "f", "parameters": {"q": "a b c d"}}'),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"q": "a b c d"}')])
+def test_each_streaming_format_hands_out_the_arguments_as_they_arrive(parser, text):
+    """Token by token (pieces of 2 characters), the arguments come in many deltas, each as soon as it arrived."""
+    stream, arrived = get_tool_parser(parser).stream(), []
+    for at in range(0, len(text), 2):
+        arrived.append([d.arguments for d in stream.feed(text[at:at + 2]) if isinstance(d, ToolCallDelta)])
+    arguments = [piece for pieces in arrived for piece in pieces if piece]
+    assert "".join(arguments) == '{"q": "a b c d"}' and len(arguments) >= 7
+    assert sum(bool(pieces) for pieces in arrived) >= 8  # pieces came in most feeds, not at the end
 
 
 def test_content_streams_without_delay_when_no_marker_can_follow():

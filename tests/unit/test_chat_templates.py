@@ -108,3 +108,33 @@ def test_sandbox_escapes_in_the_models_own_template_are_template_errors(renderer
             hostile.prompt_ids(HI)
     finally:
         hostile.close()
+
+
+def hostile_model(source, target, payload: str):
+    """A copy of a model directory whose tokenizer_config.json carries `payload` as its chat_template (and no
+    chat_template.jinja beside it, which would win)."""
+    import json
+    import shutil
+
+    shutil.copytree(source, target)
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config["chat_template"] = payload
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    return target
+
+
+@pytest.mark.parametrize("payload", ESCAPES)
+def test_sandbox_escapes_in_a_models_tokenizer_config_json_are_template_errors(tiny_model_with_tokenizer,
+                                                                               tmp_path, payload):
+    """The template a model ships in its tokenizer_config.json, loaded as any model's is, renders sandboxed."""
+    model = hostile_model(tiny_model_with_tokenizer, tmp_path / "model", payload)
+    tokenizer = load_tokenizer(resolve_model(str(model)))
+    assert tokenizer.chat_template == payload  # the file's template is the one that runs
+    hostile = ChatRenderer(tokenizer)
+    try:
+        with pytest.raises(TemplateError, match="(?i)security|unsafe|not safe|immutable|access"):
+            hostile.prompt_ids(HI)
+        assert hostile.tokenizer.decode(hostile.prompt_ids(HI, chat_template=CUSTOM)) == "<user>Hi<assistant>"
+    finally:
+        hostile.close()

@@ -1,11 +1,13 @@
 """How the server reads a chat reply's text: reasoning apart (--reasoning-parser), then tool calls (tool_choice
 "auto" through --tool-call-parser; "required" and a named function: the JSON their structured output produced).
 
-    ReplyReader.whole(text)    -> Reply(reasoning_content, content, tool_calls)
     ReplyReader.stream()       -> ReplyStream: feed(delta_text) / finish() -> deltas (ContentDelta,
                                   ReasoningDelta, ToolCallDelta), in OpenAI's streaming order
+    ReplyReader.whole(text)    -> Reply(reasoning_content, content, tool_calls): the stream's deltas reassembled,
+                                  so a streamed reply always adds up to the non-streamed one
 
-A forced call (required, named) is read when the reply is whole: its deltas come with finish().
+A call's deltas come as it is generated: its index, id and name first, then its arguments in pieces (a forced
+call's too: its JSON is read as it arrives). A reply cut by max_tokens keeps the calls begun before the cut.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from jaxllm.tool_calling import (ContentDelta, ReasoningDelta, ReasoningParser, ToolCall, ToolCallDelta, ToolParser,
-                                 calls_from_named_output, calls_from_required_output)
+from jaxllm.tool_calling import (ContentDelta, NamedToolParser, ReasoningDelta, ReasoningParser, RequiredToolParser,
+                                 ToolCall, ToolCallDelta, ToolParser, assemble_tool_deltas)
 
 
 class Reply(NamedTuple):
@@ -32,34 +34,26 @@ class ReplyReader:
     named: bool = False  # forced names a function
 
     def whole(self, text: str) -> Reply:
-        deltas = self._split(text)
+        stream = self.stream()
+        deltas = stream.feed(text) + stream.finish()
         reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) or None
-        content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))
-        if self.forced is not None:
-            return Reply(reasoning, None, self._forced_calls(content))
-        if self.tool_parser is not None:
-            extracted = self.tool_parser.extract(content)
-            return Reply(reasoning, extracted.content, extracted.tool_calls)
-        return Reply(reasoning, content, [])
+        extracted = assemble_tool_deltas([d for d in deltas if not isinstance(d, ReasoningDelta)])
+        if self.calls_parser() is None:  # plain text: the content as it is ("" included)
+            return Reply(reasoning, "".join(d.text for d in deltas if isinstance(d, ContentDelta)), [])
+        return Reply(reasoning, extracted.content, extracted.tool_calls)
 
     def stream(self) -> "ReplyStream":
         return ReplyStream(self)
 
+    def calls_parser(self) -> ToolParser | None:
+        """What reads the calls out of the answer (None: there are none to read)."""
+        if self.forced is None:
+            return self.tool_parser
+        return NamedToolParser(self.forced) if self.named else RequiredToolParser()
+
     def finish_reason(self, reason: str | None, num_calls: int) -> str | None:
         """OpenAI's: "tool_calls" where a reply that stopped by itself made calls (a named function: "stop")."""
         return "tool_calls" if num_calls and reason == "stop" and not self.named else reason
-
-    def _split(self, text: str) -> list:
-        if self.reasoning is None:
-            return [ContentDelta(text)]
-        stream = self.reasoning.stream(enable_thinking=self.enable_thinking)
-        return stream.feed(text) + stream.finish()
-
-    def _forced_calls(self, text: str) -> list[ToolCall]:
-        try:
-            return calls_from_named_output(self.forced, text) if self.named else calls_from_required_output(text)
-        except ValueError:
-            return []  # cut by max_tokens: no whole call (finish_reason "length" says why)
 
 
 class ReplyStream:
@@ -67,8 +61,8 @@ class ReplyStream:
         self.reader = reader
         self._reasoning = None if reader.reasoning is None else reader.reasoning.stream(
             enable_thinking=reader.enable_thinking)
-        self._tools = None if reader.tool_parser is None or reader.forced else reader.tool_parser.stream()
-        self._forced_text: list[str] = []
+        parser = reader.calls_parser()
+        self._calls = None if parser is None else parser.stream()
         self.num_tool_calls = 0
 
     def feed(self, text: str) -> list:
@@ -80,17 +74,11 @@ class ReplyStream:
     def _route(self, deltas: list, final: bool) -> list:
         routed = []
         for delta in deltas:
-            if isinstance(delta, ContentDelta) and self._tools is not None:
-                routed += self._tools.feed(delta.text)
-            elif isinstance(delta, ContentDelta) and self.reader.forced is not None:
-                self._forced_text.append(delta.text)
+            if isinstance(delta, ContentDelta) and self._calls is not None:
+                routed += self._calls.feed(delta.text)
             else:
                 routed.append(delta)
-        if final and self._tools is not None:
-            routed += self._tools.finish()
-        if final and self.reader.forced is not None:
-            calls = self.reader._forced_calls("".join(self._forced_text))
-            for index, call in enumerate(calls):
-                routed += [ToolCallDelta(index, "", id=call.id, name=call.name), ToolCallDelta(index, call.arguments)]
+        if final and self._calls is not None:
+            routed += self._calls.finish()
         self.num_tool_calls += sum(1 for d in routed if isinstance(d, ToolCallDelta) and d.name)
         return routed

@@ -56,7 +56,8 @@ class ChatServing(ServingBase):
         return await self._full(request_id, request, streams, model, reader)
 
     def _reply_reader(self, request: ChatCompletionRequest, params) -> ReplyReader | None:
-        """How the reply is read (tools, reasoning); a forced tool_choice constrains params to its JSON schema."""
+        """How the reply is read (tools, reasoning); a forced tool_choice constrains params to its JSON schema.
+        With a reasoning parser (and thinking on) a constraint applies to the answer after </think> only."""
         try:
             reader, schema = self.chat.reply_reader(request.tools, request.tool_choice, request.parallel_tool_calls,
                                                     self.chat.kwargs_for(request.chat_template_kwargs))
@@ -67,9 +68,13 @@ class ChatServing(ServingBase):
                 raise bad_request(f"tool_choice: {request.tool_choice!r} constrains the reply to a tool call; it "
                                   f"cannot be combined with {params.structured_outputs.source_field}",
                                   "tool_choice")
-            constraint = StructuredOutputsParams(json=schema)
-            constraint.source_field = "tools"
+            constraint = StructuredOutputsParams(json=schema, disable_any_whitespace=True)  # compact: no runaway
+            constraint.source_field = "tools"                                                # whitespace
             params.structured_outputs = self.structured_outputs_config.apply(constraint)
+        if params.structured_outputs is not None and reader is not None and reader.reasoning is not None \
+                and reader.enable_thinking:
+            params.structured_outputs.reasoning_end = reader.reasoning.end  # the answer is constrained, not the
+            #                                                                  reasoning before it
         if reader is not None and reader.tool_parser is not None and reader.tool_parser.name == "mistral":
             params.skip_special_tokens = False  # [TOOL_CALLS] and [ARGS] are special tokens
         return reader
@@ -151,9 +156,11 @@ class ChatServing(ServingBase):
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""),
                                       token_ids=no_tokens()) for i in range(request.n)],
                     usage_so_far() if continuous_usage else None, prompt_token_ids=prompt_ids if ids else None)
-        if echo := request.echoed_text():
-            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo), token_ids=no_tokens())
-                         for i in range(request.n)], usage_so_far() if continuous_usage else None)
+        if echo := request.echoed_text():  # read as the reply's start, as in the non-streamed reply
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo) if reader is None else
+                                          _delta_message(replies.setdefault(i, reader.stream()).feed(echo)),
+                                          token_ids=no_tokens()) for i in range(request.n)],
+                        usage_so_far() if continuous_usage else None)
         try:
             async for _, output in merge(streams):
                 cached, last = output.num_cached_tokens, output
@@ -195,13 +202,28 @@ def _read_delta(reply: ReplyStream, completion: CompletionOutput) -> tuple[Delta
     deltas = reply.feed(completion.text)
     if completion.finish_reason is not None:
         deltas += reply.finish()
-    content = "".join(d.text for d in deltas if isinstance(d, ContentDelta)) or None
-    reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) or None
-    calls = [d.to_openai() for d in deltas if isinstance(d, ToolCallDelta)] or None
     finish = completion.finish_reason
     if finish is not None:
         finish = reply.reader.finish_reason(finish, reply.num_tool_calls)
-    return DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=calls), finish
+    return _delta_message(deltas), finish
+
+
+def _delta_message(deltas: list) -> DeltaMessage:
+    content = "".join(d.text for d in deltas if isinstance(d, ContentDelta)) or None
+    reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) or None
+    calls = _tool_call_items([d for d in deltas if isinstance(d, ToolCallDelta)]) or None
+    return DeltaMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
+
+
+def _tool_call_items(deltas: list[ToolCallDelta]) -> list[dict]:
+    """A chunk's `tool_calls`: one item per call, its pieces in this chunk joined (the head's id and name kept)."""
+    items: list[dict] = []
+    for delta in deltas:
+        if items and items[-1]["index"] == delta.index:
+            items[-1]["function"]["arguments"] += delta.arguments
+        else:
+            items.append(delta.to_openai())
+    return items
 
 
 def _top(logprob, token_id: int, tokenizer, as_id: bool) -> TopLogprob:

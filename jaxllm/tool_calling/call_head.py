@@ -1,0 +1,105 @@
+"""A call's head read as it arrives, and its arguments object handed out in pieces as they arrive.
+
+A call streams in two parts (OpenAI's deltas): its head (the name) as soon as it is known, then the arguments
+object's text, piece by piece, as the model writes it. The head is a short pattern, matched by match_head():
+
+    HERMES_HEAD = [WS, "{", WS, '"name"', WS, ":", WS, STRING, WS, ",", WS, '"arguments"', WS, ":", WS, "{"]
+
+    match_head(text, pattern, final) -> Head(name, arguments_at) | MORE | NO
+
+MORE: the text is a proper beginning of the pattern (more text may complete it); NO: it is not (the caller reads
+the call whole instead, or as content). The answer depends on the text only, never on how it was split. Once a
+head matched, the call is a call: its arguments are the text of the object that opens at `arguments_at`, up to
+its closing bracket (ArgumentsText), as the model wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import NamedTuple
+
+from jaxllm.tool_calling.brackets import JsonEnd
+from jaxllm.tool_calling.stream import CallArguments, Step
+
+WS, STRING = "<whitespace>", "<string>"  # pattern parts; any other part is literal text, or a tuple of choices
+MORE, NO = "more", "no"
+_STRING_BODY = re.compile(r'(?:[^"\\]|\\.)*', re.DOTALL)
+
+
+class Head(NamedTuple):
+    name: str
+    arguments_at: int  # where the arguments object's "{" is
+
+
+def match_head(text: str, pattern: list, final: bool) -> Head | str:
+    """Whether `text` opens with `pattern` (its last part the arguments' "{"); the pattern's one STRING is the
+    name."""
+    pos, name = 0, None
+    for part in pattern:
+        if pos == len(text):
+            return NO if final else MORE
+        if part == WS:
+            pos += len(text) - pos - len(text[pos:].lstrip())
+            continue
+        if part == STRING:
+            end = _string_end(text, pos)
+            if end in (MORE, NO):
+                return NO if final else end
+            name, pos = end
+            continue
+        found = _literal(text, pos, part if isinstance(part, tuple) else (part,), final)
+        if found in (MORE, NO):
+            return found
+        pos += found
+    if not name:
+        return NO
+    return Head(name, pos - 1)
+
+
+def _literal(text: str, pos: int, choices: tuple[str, ...], final: bool) -> int | str:
+    rest = text[pos:]
+    for choice in choices:
+        if rest.startswith(choice):
+            return len(choice)
+    if not final and any(choice.startswith(rest) for choice in choices):
+        return MORE
+    return NO
+
+
+def _string_end(text: str, pos: int) -> tuple[str, int] | str:
+    """(the JSON string's value, the index past it) for the string opening at text[pos]."""
+    if text[pos] != '"':
+        return NO
+    body = _STRING_BODY.match(text, pos + 1).end()
+    if body == len(text) or text[body] == "\\":
+        return MORE  # the closing quote (or the character a final backslash escapes) has not arrived
+    try:
+        value = json.loads(text[pos:body + 1])
+    except ValueError:
+        return NO
+    return value, body + 1
+
+
+class ArgumentsText:
+    """The arguments object opening at unread[start], handed out as it arrives: step() gives the piece that came
+    since the last step, and where the object ends (None while it goes on). The unread text must keep its start
+    until the object ends (the caller reads nothing of it before)."""
+
+    def __init__(self, start: int):
+        self._end = JsonEnd(start)
+        self._sent = start
+
+    def step(self, unread: str) -> tuple[str, int | None]:
+        end = self._end.find(unread)
+        stop = len(unread) if end is None else end
+        piece, self._sent = unread[self._sent:stop], stop
+        return piece, end
+
+    def scan(self, unread: str, final: bool) -> tuple[Step | None, bool]:
+        """A scanner's step over the arguments (the new piece as a CallArguments event), and whether they are
+        over: the object closed, or the output ended."""
+        piece, end = self.step(unread)
+        if end is None and not final:
+            return ((0, [CallArguments(piece)]) if piece else None), False
+        return ((len(unread) if end is None else end), [CallArguments(piece)]), True
