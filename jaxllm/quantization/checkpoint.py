@@ -9,6 +9,9 @@ The tensors: HF Llama names, linears as qweight/qzeros/scales, everything else f
     model.layers.{i}.self_attn.{q,k,v,o}_proj.scales        fp16 [K/G, N]
     model.layers.{i}.self_attn.{q,k,v}_proj.bias            fp16 [N]        (Qwen2)
     model.layers.{i}.post_attention_layernorm.weight        fp16 [H]
+    model.layers.{i}.self_attn.{q,k}_norm.weight            fp16 [D]        (Qwen3, Gemma 3)
+    model.layers.{i}.{pre,post}_feedforward_layernorm.weight fp16 [H]       (Gemma 2/3: the MLP's norm is pre_,
+                                                                            post_attention_ the attention's post-norm)
     model.layers.{i}.mlp.{gate,up,down}_proj.{qweight,qzeros,scales}
     model.norm.weight                                       fp16 [H]
     lm_head.weight                                          fp16 [V, H]     (untied models only)
@@ -33,6 +36,7 @@ from safetensors.numpy import save_file
 
 from jaxllm.config import ModelConfig
 from jaxllm.loaders.resolve import ModelSource
+from jaxllm.loaders.safetensors import layer_tensor_names
 from jaxllm.quantization.awq_format import dequantize_awq, pack_awq
 
 WEIGHTS_FILE = "model.safetensors"
@@ -44,16 +48,24 @@ DENSE_LAYER_NAMES = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_at
                      "bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": "self_attn.v_proj.bias"}
 
 
+def dense_layer_names(config: ModelConfig) -> dict[str, str]:
+    """Each unquantized layer field (norms, biases) -> its HF tensor name after model.layers.N., for the config's
+    family: the names the loader reads, so what is written loads back."""
+    linears = {f"{name}.weight" for name in LINEAR_NAMES.values()}
+    return {field: name for name, field in layer_tensor_names(config).items() if name not in linears}
+
+
 def layer_prefix(layer: int) -> str:
     return f"model.layers.{layer}."
 
 
-def layer_tensors(layer: int, dense: dict, quantized: dict) -> dict[str, np.ndarray]:
-    """One layer's checkpoint tensors. dense: norms and biases; quantized: linear -> (codes [N, K], zero points
-    [N, K/G], scales [N, K/G]) in the HF orientation, transposed here to AWQ's [K, ...]."""
+def layer_tensors(layer: int, dense: dict, quantized: dict,
+                  dense_names: dict[str, str] = DENSE_LAYER_NAMES) -> dict[str, np.ndarray]:
+    """One layer's checkpoint tensors. dense: norms and biases, named by dense_names (dense_layer_names); quantized:
+    linear -> (codes [N, K], zero points [N, K/G], scales [N, K/G]) in the HF orientation, transposed here to
+    AWQ's [K, ...]."""
     prefix = layer_prefix(layer)
-    tensors = {prefix + DENSE_LAYER_NAMES[name]: fp16(value, prefix + DENSE_LAYER_NAMES[name])
-               for name, value in dense.items()}
+    tensors = {prefix + dense_names[name]: fp16(value, prefix + dense_names[name]) for name, value in dense.items()}
     for name, (q, zeros, scales) in quantized.items():
         base = prefix + LINEAR_NAMES[name]
         qweight, qzeros, scales16 = pack_awq(np.asarray(q).T, np.asarray(zeros).T, np.asarray(scales).T)
@@ -94,6 +106,7 @@ def read_dequantized(directory: Path) -> tuple[dict, dict, list[dict]]:
     """A written checkpoint -> (its config.json dict, global weights, per-layer weights), all float32, linears
     dequantized to the HF [N, K] layout."""
     hf = _read_json(directory / "config.json")
+    dense_names = dense_layer_names(ModelConfig.from_hf_config(hf, source=str(directory / "config.json")))
     group_size = hf["quantization_config"]["group_size"]
     with safe_open(str(directory / WEIGHTS_FILE), framework="numpy") as f:
         tensors = {name: f.get_tensor(name) for name in f.keys()}
@@ -102,7 +115,7 @@ def read_dequantized(directory: Path) -> tuple[dict, dict, list[dict]]:
     for i in range(hf["num_hidden_layers"]):
         prefix = layer_prefix(i)
         layer = {field: tensors[prefix + name].astype(np.float32)
-                 for field, name in DENSE_LAYER_NAMES.items() if prefix + name in tensors}
+                 for field, name in dense_names.items() if prefix + name in tensors}
         for field, name in LINEAR_NAMES.items():
             parts = [tensors[f"{prefix}{name}.{part}"] for part in ("qweight", "qzeros", "scales")]
             layer[field] = dequantize_awq(*parts, group_size).T  # [N, K]

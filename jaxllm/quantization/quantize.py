@@ -23,7 +23,8 @@ from jaxllm.loaders.resolve import ModelSource
 from jaxllm.model.params import checkpoint_layer_shapes
 from jaxllm.quantization import calibration
 from jaxllm.quantization.awq_layer import METHODS, quantize_layer
-from jaxllm.quantization.checkpoint import LINEAR_NAMES, global_tensors, layer_tensors, write_checkpoint
+from jaxllm.quantization.checkpoint import (LINEAR_NAMES, dense_layer_names, global_tensors, layer_tensors,
+                                           write_checkpoint)
 
 TOKENS_PER_CHUNK = 4096  # calibration tokens per forward call: bounds activation memory, not the calibration size
 MAX_SEQ_LEN = 512
@@ -41,16 +42,26 @@ class QuantizeSummary:
     alphas: dict  # scale group -> the alpha chosen in each layer (AWQ)
 
 
-QUANTIZABLE_ARCHITECTURES = ("llama", "mistral", "qwen2")  # the layout quantization/dense_forward.py computes
+AWQ_ARCHITECTURES = ("llama", "mistral", "qwen2")  # the layout quantization/dense_forward.py computes
+NON_HF_ARCHITECTURES = ("llama", "mistral", "qwen2")  # the families checkpoint.hf_config_from writes a config for
 
 
-def check_architecture(config) -> None:
-    """ValueError naming the family when the calibration forward does not compute it (its own norms, q/k norms,
-    windows or soft-caps; an AWQ checkpoint of it made elsewhere still loads where its format allows)."""
-    if config.architecture not in QUANTIZABLE_ARCHITECTURES or config.sliding_window is not None:
-        raise ValueError(f"jaxllm's quantizer supports {', '.join(QUANTIZABLE_ARCHITECTURES)} models without a "
-                         f"sliding window; this is a {config.architecture} model"
-                         + (f" with sliding_window {config.sliding_window}" if config.sliding_window else ""))
+def check_architecture(config, method: str, source_kind: str | None = None) -> None:
+    """ValueError naming the family when it cannot be quantized by `method`: AWQ needs the calibration forward,
+    which computes only the Llama layout (no sandwich or q/k norms, windows or soft-caps); RTN needs no forward,
+    only linears the AutoAWQ format stores apart. source_kind: the source's kind when known (a config.json is
+    written from scratch only for the Llama-layout families)."""
+    family = config.architecture
+    if config.arch.fused_checkpoint:
+        raise ValueError(f"AWQ checkpoints of {family} (fused qkv_proj / gate_up_proj linears) are not supported")
+    if method == "awq" and (family not in AWQ_ARCHITECTURES or config.sliding_window is not None):
+        window = f" with sliding_window {config.sliding_window}" if config.sliding_window else ""
+        raise ValueError(f"--method awq: jaxllm's quantizer computes the calibration forward of "
+                         f"{', '.join(AWQ_ARCHITECTURES)} models without a sliding window; this is a {family} "
+                         f"model{window}. --method rtn (no calibration) quantizes it")
+    if source_kind not in (None, "hf_dir") and family not in NON_HF_ARCHITECTURES:
+        raise ValueError(f"quantizing a {family} model needs a Hugging Face directory (its config.json is kept); "
+                         f"this one is a {source_kind} source")
 
 
 def quantize_model(model: str | os.PathLike | None, output_dir: str | os.PathLike, method: str = "awq",
@@ -63,7 +74,7 @@ def quantize_model(model: str | os.PathLike | None, output_dir: str | os.PathLik
     source = resolve_model(model)
     config = peek_config(source)
     if config is not None:
-        check_architecture(config)
+        check_architecture(config, method, source.kind)
         check_group_size(config, group_size)
     text = calibration.read_text(calibration_file) if method == "awq" else None
     loaded = load_host_model(model, "float32")
@@ -88,9 +99,10 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
     check_method(method)
     output_dir = check_output_dir(output_dir)
     config = loaded.config
-    check_architecture(config)
+    check_architecture(config, method, loaded.source.kind)
     check_group_size(config, group_size)
     layers, glob = split_layers(loaded.params, config), global_weights(loaded.params)
+    dense_names = dense_layer_names(config)
     awq = method == "awq"
     xs, tokens = [], 0
     if awq:
@@ -103,7 +115,7 @@ def quantize_loaded(loaded: LoadedModel, tokenizer, output_dir: Path, method: st
                                disable=not progress)):
         stats = layer_tap_stats(w, xs, config) if awq else None
         layer = quantize_layer(w, stats, config, method, group_size, clip, n_grid)
-        tensors.update(layer_tensors(i, layer.dense, layer.quantized))
+        tensors.update(layer_tensors(i, layer.dense, layer.quantized, dense_names))
         for group, alpha in layer.alphas.items():
             alphas.setdefault(group, []).append(alpha)
         if awq and i + 1 < len(layers):
