@@ -276,15 +276,17 @@ def test_checkpoint_tensors_are_what_the_tests_assume(awq_model_dir):
 def write_dequantized_hf_dir(source, target):
     """A float32 Hugging Face directory of an AWQ checkpoint's dequantized weights, config without
     quantization_config, tokenizer files copied: what an unquantized model of the same weights looks like."""
-    from jaxllm.quantization.checkpoint import DENSE_LAYER_NAMES, GLOBAL_NAMES, LINEAR_NAMES
+    from jaxllm.config import ModelConfig
+    from jaxllm.quantization.checkpoint import GLOBAL_NAMES, LINEAR_NAMES, dense_layer_names
 
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors"))
     hf, glob, layers = read_dequantized(source)
+    dense_names = dense_layer_names(ModelConfig.from_hf_config(hf))
     del hf["quantization_config"]
     (target / "config.json").write_text(json.dumps(hf))
     tensors = {GLOBAL_NAMES[f]: a for f, a in glob.items()}
     for i, layer in enumerate(layers):
-        names = {**DENSE_LAYER_NAMES, **{f: f"{n}.weight" for f, n in LINEAR_NAMES.items()}}
+        names = {**dense_names, **{f: f"{n}.weight" for f, n in LINEAR_NAMES.items()}}
         tensors.update({f"model.layers.{i}.{names[f]}": np.ascontiguousarray(a) for f, a in layer.items()})
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     return target

@@ -1,5 +1,6 @@
 """AWQ where the formats do not allow it is refused with a message naming the family: Phi-3's fused linears in
-an AutoAWQ checkpoint, and jaxllm's quantizer on families its calibration forward does not compute."""
+an AutoAWQ checkpoint (and jaxllm's quantizer writing one), and --method awq on families its calibration forward
+does not compute."""
 
 from __future__ import annotations
 
@@ -26,7 +27,15 @@ def test_phi3_awq_checkpoint_is_refused(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "mistral_window"])
-def test_quantizer_refuses_families_it_does_not_compute(family, tiny_model_dir, tmp_path):
+def test_awq_refuses_families_its_forward_does_not_compute(family, tiny_model_dir, tmp_path):
     loaded = load_host_model(tiny_model_dir(family)[0], "float32")
-    with pytest.raises(ValueError, match=f"quantizer supports .* this is a {loaded.config.architecture} model"):
+    with pytest.raises(ValueError, match=f"--method awq: .* this is a {loaded.config.architecture} model.*"
+                                         f"--method rtn"):
+        quantize_loaded(loaded, None, tmp_path / "out", "awq", 16)
+    assert not (tmp_path / "out").exists()
+
+
+def test_phi3_is_refused_by_rtn_too(tiny_model_dir, tmp_path):
+    loaded = load_host_model(tiny_model_dir("phi3")[0], "float32")
+    with pytest.raises(ValueError, match="AWQ checkpoints of phi3 .*fused"):
         quantize_loaded(loaded, None, tmp_path / "out", "rtn", 16)
