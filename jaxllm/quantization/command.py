@@ -24,7 +24,8 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         help='the model to quantize (omitted or "default": the default model)')
     parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="a new or empty directory for the checkpoint")
     parser.add_argument("--method", choices=("awq", "rtn"), default="awq",
-                        help="awq (default): activation-aware scales and clipping; rtn: round to nearest")
+                        help="awq (default): activation-aware scales and clipping (Llama, Mistral without a window, Qwen2); "
+                        "rtn: round to nearest (also Qwen3, Gemma 2 and 3, windowed Mistral)")
     parser.add_argument("--group-size", type=int, default=128,
                         help="input channels per scale and zero point (default 128); must divide every linear's "
                         "input size")
