@@ -39,3 +39,15 @@ def test_phi3_is_refused_by_rtn_too(tiny_model_dir, tmp_path):
     loaded = load_host_model(tiny_model_dir("phi3")[0], "float32")
     with pytest.raises(ValueError, match="AWQ checkpoints of phi3 .*fused"):
         quantize_loaded(loaded, None, tmp_path / "out", "rtn", 16)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_rtn_of_a_new_family_needs_a_hugging_face_source(family, tiny_model_dir):
+    """Without the source's config.json there is none to keep; one is written from scratch only for Llama-layout
+    families."""
+    from jaxllm.quantization.quantize import check_architecture
+
+    config = load_host_model(tiny_model_dir(family)[0], "float32").config
+    check_architecture(config, "rtn", "hf_dir")
+    with pytest.raises(ValueError, match=f"quantizing a {family} model needs a Hugging Face directory.*gguf"):
+        check_architecture(config, "rtn", "gguf")
