@@ -286,10 +286,15 @@ class LLMEngine:
         return bool(self._inflight[-1][0].scheduled_spec_decode_tokens) or self.scheduler.speculating()
 
     def _sample_constrained(self, out: SchedulerOutput, inflight: InflightStep) -> None:
-        """Fill the step's token bitmask from its requests' grammars and send its sampler."""
-        sampled = [r for c, r in zip(out.chunks, self.scheduler.scheduled_requests(out)) if c.samples]
-        bitmask = np.full((len(sampled), self.runner.bitmask_width), -1, np.int32)  # [N, W]
-        for row, request in enumerate(sampled):
+        """Fill the step's token bitmask from its requests' grammars and send its sampler. A chunk with k proposals
+        owns k + 1 sampler rows (spec_decode/sampler_rows.py); a constrained request never has proposals."""
+        first_rows, num_rows = [], 0
+        for chunk, request in zip(out.chunks, self.scheduler.scheduled_requests(out)):
+            if chunk.samples:
+                first_rows.append((num_rows, request))
+                num_rows += 1 + len(out.scheduled_spec_decode_tokens.get(request.request_id, ()))
+        bitmask = np.full((num_rows, self.runner.bitmask_width), -1, np.int32)  # [N, W] N: the step's sampler rows
+        for row, request in first_rows:
             if request.grammar is not None and not request.status.finished:
                 request.grammar.fill(bitmask, row)
         self.runner.sample(inflight, bitmask)
