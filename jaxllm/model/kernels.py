@@ -6,6 +6,7 @@
     awq_matmul   pallas, reference         pallas on a GPU; else reference (interpret mode is far too slow for a model)
     lora_matmul  pallas, reference         pallas on a GPU; else reference
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
+    moe          reference                 reference (the routed implementations come with pallas_kernels/moe)
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -25,7 +26,8 @@ from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv_error
 logger = logging.getLogger(__name__)
 
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
-           "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference")}
+           "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
+           "moe": ("reference",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Kernels:
     awq_matmul: str = "reference"
     lora_matmul: str = "reference"
     kv_write: str = "reference"
+    moe: str = "reference"
     interpret: bool = False  # Pallas kernels run in interpret mode (no GPU)
 
     def __post_init__(self):

@@ -1,0 +1,23 @@
+"""Mixture-of-experts MLP: each token's k routed experts. `moe_experts` runs the implementation Kernels.moe names;
+reference.py holds the contract and the oracle."""
+
+from __future__ import annotations
+
+import jax
+
+from pallas_kernels.moe.reference import moe_experts_reference
+
+IMPLEMENTATIONS = ("reference",)
+
+
+def moe_experts(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,
+                w_down: jax.Array, *, activation: str = "silu", implementation: str = "reference",
+                interpret: bool = False) -> jax.Array:
+    """[T, H] -> [T, H]: reference.py's contract, by `implementation` (one of IMPLEMENTATIONS)."""
+    del interpret  # for the Pallas implementation
+    if implementation == "reference":
+        return moe_experts_reference(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
+    raise ValueError(f"moe implementation {implementation!r} is unknown; choose one of {', '.join(IMPLEMENTATIONS)}")
+
+
+__all__ = ["IMPLEMENTATIONS", "moe_experts", "moe_experts_reference"]
