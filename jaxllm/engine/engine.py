@@ -58,7 +58,7 @@ from jaxllm.sampling_params import SamplingParams
 from jaxllm.spec_decode.config import SpeculativeConfig
 from jaxllm.structured_outputs.compiler import GrammarCompiler
 from jaxllm.structured_outputs.params import StructuredOutputsConfig
-from jaxllm.structured_outputs.request_state import ReasoningGate, RequestGrammar
+from jaxllm.structured_outputs.request_state import ReasoningGate, RequestGrammar, step_bitmask
 
 logger = logging.getLogger(__name__)
 
@@ -286,18 +286,11 @@ class LLMEngine:
         return bool(self._inflight[-1][0].scheduled_spec_decode_tokens) or self.scheduler.speculating()
 
     def _sample_constrained(self, out: SchedulerOutput, inflight: InflightStep) -> None:
-        """Fill the step's token bitmask from its requests' grammars and send its sampler. A chunk with k proposals
-        owns k + 1 sampler rows (spec_decode/sampler_rows.py); a constrained request never has proposals."""
-        first_rows, num_rows = [], 0
-        for chunk, request in zip(out.chunks, self.scheduler.scheduled_requests(out)):
-            if chunk.samples:
-                first_rows.append((num_rows, request))
-                num_rows += 1 + len(out.scheduled_spec_decode_tokens.get(request.request_id, ()))
-        bitmask = np.full((num_rows, self.runner.bitmask_width), -1, np.int32)  # [N, W] N: the step's sampler rows
-        for row, request in first_rows:
-            if request.grammar is not None and not request.status.finished:
-                request.grammar.fill(bitmask, row)
-        self.runner.sample(inflight, bitmask)
+        """Fill the step's token bitmask from its requests' grammars and send its sampler."""
+        sampled = [r for c, r in zip(out.chunks, self.scheduler.scheduled_requests(out)) if c.samples]
+        num_drafts = [len(out.scheduled_spec_decode_tokens.get(r.request_id, ())) for r in sampled]
+        grammars = [None if r.status.finished else r.grammar for r in sampled]
+        self.runner.sample(inflight, step_bitmask(grammars, num_drafts, self.runner.bitmask_width))
 
     def _grammar_failures(self) -> list[RequestOutput]:
         """Outputs (finish_reason "abort") of requests whose grammar could not be compiled."""

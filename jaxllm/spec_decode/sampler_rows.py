@@ -28,13 +28,20 @@ class SpecRows:
         return int(self.first_rows[-1] + self.num_drafts[-1] + 1) if len(self.first_rows) else 0
 
 
+def first_sampler_rows(num_drafts: np.ndarray) -> tuple[np.ndarray, int]:
+    """([N] each sampled chunk's first sampler row, the step's sampler rows R) for num_drafts [N], the proposals
+    of each sampled chunk in chunk order: a chunk with k proposals owns k + 1 rows, back to back."""
+    per_chunk = 1 + np.asarray(num_drafts, np.int64)  # [N]
+    return np.cumsum(per_chunk) - per_chunk, int(per_chunk.sum())
+
+
 def spec_rows(sampled_chunks: np.ndarray, num_drafts: np.ndarray, query_start_loc: np.ndarray,
               q_lens: np.ndarray, proposals: list[list[int]]) -> tuple[SpecRows, np.ndarray, np.ndarray,
                                                                      np.ndarray]:
     """(SpecRows, logits rows [R], each row's chunk [R], each row's index in its run [R]) for the sampled chunks
     [N] (chunk indices, in order); num_drafts [C] per chunk, proposals per sampled chunk."""
     per_chunk = 1 + num_drafts[sampled_chunks]  # [N] rows
-    first = np.cumsum(per_chunk) - per_chunk  # [N]
+    first, _ = first_sampler_rows(num_drafts[sampled_chunks])  # [N]
     chunk_of_row = np.repeat(sampled_chunks, per_chunk)  # [R]
     offsets = np.arange(int(per_chunk.sum())) - np.repeat(first, per_chunk)  # [R] index in the run
     last = query_start_loc[chunk_of_row] + q_lens[chunk_of_row] - 1  # [R] the chunk's last position

@@ -8,6 +8,8 @@
     rollback(n)    undo the last n accepted tokens (speculative decoding's rejected drafts)
     is_terminated  the grammar is complete and has accepted a stop token, or has nothing more to take
 
+step_bitmask builds one step's bitmask from its sampled requests' grammars, each on its first sampler row.
+
 The matcher is made when the grammar is first used; n > 1 samples of a prompt each have their own.
 
 With a ReasoningGate (a reasoning model's output: <think>...</think> then the answer) the grammar applies to the
@@ -23,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from jaxllm import optional_deps
+from jaxllm.spec_decode.sampler_rows import first_sampler_rows
 
 class ReasoningGate:
     """Whether a reasoning output has reached its answer: open once `marker` (e.g. "</think>") appears in the
@@ -97,3 +100,16 @@ class RequestGrammar:
             bitmask[row] = -1
         else:
             self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def step_bitmask(grammars: list[RequestGrammar | None], num_drafts: list[int], width: int) -> np.ndarray:
+    """[R, width] int32: a step's token bitmask over its R sampler rows, for its sampled chunks in order (each one's
+    grammar, None where unconstrained, and its number of proposals). A chunk with k proposals owns k + 1 rows
+    (spec_decode/sampler_rows.py); a constrained request has no proposals, so its one row is its first row. Rows
+    of no grammar allow every token."""
+    first_rows, num_rows = first_sampler_rows(np.asarray(num_drafts, np.int64))  # [N], R
+    bitmask = np.full((num_rows, width), -1, np.int32)  # [R, W]
+    for row, grammar in zip(first_rows, grammars):
+        if grammar is not None:
+            grammar.fill(bitmask, int(row))
+    return bitmask

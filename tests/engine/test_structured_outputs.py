@@ -230,6 +230,30 @@ def test_the_matcher_rolls_back(model):
     assert not grammar.accept(tokenizer.encode("]", add_special_tokens=False)[0])  # not allowed first
 
 
+def test_a_grammars_mask_lies_on_its_requests_row_after_speculating_chunks(model):
+    """A step's sampled chunks: a speculating one (3 proposals: rows 0-3), the constrained one (row 4), a plain
+    one, another speculating (1 proposal: rows 6-7), a second constrained (row 8). Counting one row per chunk put
+    the masks on rows 1 and 4, so both constrained requests sampled unmasked."""
+    from jaxllm.structured_outputs.request_state import RequestGrammar, step_bitmask
+    from jaxllm.tokenizer import load_tokenizer
+    from jaxllm.loaders import resolve_model
+
+    compiler = GrammarCompiler(load_tokenizer(resolve_model(model)), 49152, (2,))
+    width = -(-49152 // 32)
+    choice = RequestGrammar(compiler.submit(StructuredOutputsParams(choice=CHOICES)))
+    regex = RequestGrammar(compiler.submit(StructuredOutputsParams(regex=REGEX)))
+    bitmask = step_bitmask([None, choice, None, None, regex], [3, 0, 0, 1, 0], width)  # [9, W]
+    assert bitmask.shape == (9, width)
+    alone = np.zeros((2, width), np.int32)
+    choice.fill(alone, 0)
+    regex.fill(alone, 1)
+    assert (alone != -1).any(axis=1).all()  # each grammar forbids some tokens
+    np.testing.assert_array_equal(bitmask[4], alone[0])
+    np.testing.assert_array_equal(bitmask[8], alone[1])
+    unconstrained = [row for row in range(9) if row not in (4, 8)]
+    assert (bitmask[unconstrained] == -1).all()
+
+
 def test_the_same_constraint_compiles_once(model):
     from jaxllm.tokenizer import load_tokenizer
     from jaxllm.loaders import resolve_model
