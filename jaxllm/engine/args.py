@@ -7,6 +7,7 @@ the `jaxllm serve` and `jaxllm generate` flags are generated from them (jaxllm.e
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import numbers
 import os
@@ -20,8 +21,8 @@ import numpy as np
 from jaxllm.config import CacheConfig, LoRAConfig, ParallelConfig, SchedulerConfig
 from jaxllm.engine import compilation_cache, distributed
 from jaxllm.engine.generation_config import check_override, override_from_json
-from jaxllm.spec_decode import config as spec_config
-from jaxllm.structured_outputs.params import StructuredOutputsConfig, config_from_json
+from jaxllm.spec_decode.config import SpeculativeConfig
+from jaxllm.structured_outputs.params import StructuredOutputsConfig
 from jaxllm.loaders.assemble import DTYPES
 from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.model import kernels
@@ -45,6 +46,20 @@ XLA_MEM_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_
 MINIMUMS = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
             "num_gpu_blocks": 2, "kv_cache_memory_bytes": 1, "tensor_parallel_size": 1,
             "num_processes": 1, "process_id": 0, "max_loras": 1, "max_lora_rank": 1, "max_cpu_loras": 1}
+
+
+def _json_object_checked_by(check: Callable[[dict], Any]) -> Callable[[str], dict]:
+    """A flag's parser: its value must be a JSON object whose fields `check` accepts (its errors name them)."""
+    def parse(text: str) -> dict:
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON object: {e}") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"must be a JSON object, got {text!r}")
+        check(fields)
+        return fields
+    return parse
 
 
 def _arg(default: Any, help: str, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
@@ -99,12 +114,12 @@ class EngineArgs:
                                                         "backend (auto, xgrammar), disable_any_whitespace (JSON "
                                                         "without free whitespace by default), "
                                                         "disable_additional_properties, disable_fallback",
-                                                  parse=config_from_json)
+                                                  parse=_json_object_checked_by(StructuredOutputsConfig.from_dict))
     speculative_config: dict | None = _arg(None, "JSON object of speculative decoding settings (vLLM's): "
                                                  "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                                                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}' "
                                                  "(n-gram proposals only; a draft model is not supported)",
-                                           parse=spec_config.config_from_json)
+                                           parse=_json_object_checked_by(SpeculativeConfig.from_dict))
     attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, else cpu (the native "
                                           "kernel, built at first use) or reference where it cannot be built",
                           ATTENTION_CHOICES)
@@ -160,7 +175,7 @@ class EngineArgs:
             StructuredOutputsConfig.from_dict(self.structured_outputs_config)
         except ValueError as e:
             raise ValueError(f"structured_outputs_config: {e}") from None
-        spec_config.SpeculativeConfig.from_dict(self.speculative_config)  # its errors name speculative_config
+        SpeculativeConfig.from_dict(self.speculative_config)  # its errors name speculative_config
         self.process_group()  # num_processes, process_id and coordinator_address (or their variables) agree
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")

@@ -11,7 +11,6 @@ of range is a ValueError naming the key.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 METHODS = ("ngram",)
@@ -79,15 +78,3 @@ def _positive_int(fields: dict[str, Any], name: str, default: int | None) -> int
     if value < 1:
         raise ValueError(f"speculative_config: {name} must be >= 1, got {value}")
     return value
-
-
-def config_from_json(text: str) -> dict:
-    """--speculative-config: a JSON object of SpeculativeConfig's keys (checked)."""
-    try:
-        fields = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not a JSON object: {e}") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"must be a JSON object, got {text!r}")
-    SpeculativeConfig.from_dict(fields)
-    return fields

@@ -152,18 +152,6 @@ class StructuredOutputsConfig:
         return params
 
 
-def config_from_json(text: str) -> dict:
-    """--structured-outputs-config: a JSON object of StructuredOutputsConfig's fields (checked)."""
-    try:
-        fields = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not a JSON object: {e}") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"must be a JSON object, got {text!r}")
-    StructuredOutputsConfig.from_dict(fields)
-    return fields
-
-
 def from_dict(fields: dict[str, Any]) -> StructuredOutputsParams:
     """The server's `structured_outputs` field (a JSON object) as params; unknown names are a ValueError."""
     names = {f.name for f in dataclasses.fields(StructuredOutputsParams)}

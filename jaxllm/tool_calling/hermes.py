@@ -77,26 +77,32 @@ class HermesScanner:
     def _tail(self, unread: str, final: bool) -> Step | None:
         """From the arguments' end to </tool_call> (or the output's end): the call object's "}" and whitespace
         dropped, anything else content."""
-        close = unread.find(CLOSE, self._searched)
-        if close < 0 and not final:
-            self._searched = max(0, len(unread) - len(CLOSE) + 1)
+        closed = self._up_to_close(unread, final)
+        if closed is None:
             return None
-        body, read = (unread, len(unread)) if close < 0 else (unread[:close], close + len(CLOSE))
-        self._state, self._searched = TEXT, 0
+        body, read = closed
         rest = body.strip()
         rest = rest[1:].strip() if rest.startswith("}") else rest
         return read, [Content(rest)] if rest else []
 
     def _call(self, unread: str, final: bool) -> Step | None:
         """The call whose opening tag was read: settled at its closing tag, or at the end of the output."""
+        closed = self._up_to_close(unread, final)
+        if closed is None:
+            return None
+        body, read = closed
+        call = parse_call(body)
+        return read, [call or Content(OPEN + unread[:read])]
+
+    def _up_to_close(self, unread: str, final: bool) -> tuple[str, int] | None:
+        """(the text before </tool_call>, the characters read through it) once the tag (or the output's end) is
+        read, the scanner back to TEXT; None while the tag may still come (the search resumes where it stopped)."""
         close = unread.find(CLOSE, self._searched)
         if close < 0 and not final:
             self._searched = max(0, len(unread) - len(CLOSE) + 1)
             return None
-        body, read = (unread, len(unread)) if close < 0 else (unread[:close], close + len(CLOSE))
         self._state, self._searched = TEXT, 0
-        call = parse_call(body)
-        return read, [call or Content(OPEN + unread[:read])]
+        return (unread, len(unread)) if close < 0 else (unread[:close], close + len(CLOSE))
 
 
 def parse_call(body: str) -> Call | None:

@@ -15,6 +15,7 @@ import torch
 
 from jaxllm.beam_search import BeamSearchParams
 from jaxllm.llm import LLM
+from tests.hf_beams import hf_beams
 
 PROMPTS = [[5, 6, 7, 8], [100, 3, 17], [42] * 9, [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12]]
 MAX_TOKENS = 10
@@ -51,20 +52,6 @@ def llm(model):
     return LLM(str(model[0]), skip_tokenizer=True, max_model_len=64, block_size=4)
 
 
-def hf_beams(hf, prompt, eos, width, length_penalty, early_stopping):
-    """HF's W best hypotheses: (generated tokens up to and including the EOS, score)."""
-    out = hf.generate(torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
-                      max_new_tokens=MAX_TOKENS, length_penalty=length_penalty, early_stopping=early_stopping,
-                      eos_token_id=eos, pad_token_id=eos, output_scores=True, return_dict_in_generate=True)
-    beams = []
-    for sequence, score in zip(out.sequences.tolist(), out.sequences_scores.tolist()):
-        generated = sequence[len(prompt):]
-        if eos in generated:
-            generated = generated[:generated.index(eos) + 1]
-        beams.append((generated, score))
-    return beams
-
-
 @pytest.mark.parametrize("width,length_penalty,early_stopping", [
     (2, 1.0, False), (4, 1.0, False), (4, 1.0, True), (4, 0.0, "never"), (2, 2.0, "never"), (4, -0.5, False)])
 def test_beams_equal_hugging_face(llm, model, width, length_penalty, early_stopping):
@@ -74,7 +61,7 @@ def test_beams_equal_hugging_face(llm, model, width, length_penalty, early_stopp
     outputs = llm.beam_search([{"prompt_token_ids": p} for p in PROMPTS], params)
     ended_on_eos = 0
     for prompt, output in zip(PROMPTS, outputs):
-        expected = hf_beams(hf, prompt, eos, width, length_penalty, early_stopping)
+        expected = hf_beams(hf, prompt, eos, width, MAX_TOKENS, length_penalty, early_stopping)
         got = [(s.output_token_ids, s.score) for s in output.sequences]
         assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected], prompt
         assert [score for _, score in got] == pytest.approx([score for _, score in expected], abs=1e-4)
@@ -94,7 +81,7 @@ def test_ignore_eos_runs_every_beam_to_max_tokens(llm, model):
     _, hf, eos = model
     params = BeamSearchParams(beam_width=3, max_tokens=MAX_TOKENS, ignore_eos=True)
     (output,) = llm.beam_search({"prompt_token_ids": PROMPTS[0]}, params)
-    expected = hf_beams(hf, PROMPTS[0], None, 3, 1.0, False)
+    expected = hf_beams(hf, PROMPTS[0], None, 3, MAX_TOKENS, 1.0, False)
     assert [s.output_token_ids for s in output.sequences] == [tokens for tokens, _ in expected]
     assert all(s.finish_reason == "length" and len(s.output_token_ids) == MAX_TOKENS for s in output.sequences)
 

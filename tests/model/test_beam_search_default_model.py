@@ -11,6 +11,7 @@ import torch
 from jaxllm.beam_search import BeamSearchParams
 from jaxllm.chat_renderer import ChatRenderer
 from jaxllm.llm import LLM
+from tests.hf_beams import hf_beams
 
 pytestmark = pytest.mark.slow
 
@@ -42,21 +43,6 @@ def prompts(llm):
     return [renderer.prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
 
 
-def hf_beams(hf, prompt, eos, width, length_penalty, early_stopping):
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          num_beams=width, num_return_sequences=width, do_sample=False, max_new_tokens=MAX_TOKENS,
-                          length_penalty=length_penalty, early_stopping=early_stopping, eos_token_id=eos,
-                          pad_token_id=eos, output_scores=True, return_dict_in_generate=True)
-    beams = []
-    for sequence, score in zip(out.sequences.tolist(), out.sequences_scores.tolist()):
-        generated = sequence[len(prompt):]
-        if eos in generated:
-            generated = generated[:generated.index(eos) + 1]
-        beams.append((generated, score))
-    return beams
-
-
 @pytest.mark.parametrize("width,length_penalty,early_stopping", SETTINGS)
 def test_beam_search_equals_hugging_face(llm, hf, prompts, width, length_penalty, early_stopping):
     eos = llm.engine.eos_token_ids
@@ -66,7 +52,7 @@ def test_beam_search_equals_hugging_face(llm, hf, prompts, width, length_penalty
     outputs = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params)
     stopped = 0
     for prompt, output in zip(prompts, outputs):
-        expected = hf_beams(hf, prompt, eos[0], width, length_penalty, early_stopping)
+        expected = hf_beams(hf, prompt, eos[0], width, MAX_TOKENS, length_penalty, early_stopping)
         assert [s.output_token_ids for s in output.sequences] == [tokens for tokens, _ in expected], \
             llm.get_tokenizer().decode(prompt)
         assert [s.score for s in output.sequences] == pytest.approx([score for _, score in expected], abs=2e-3)
