@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 AWQ_GROUP = 16  # a quantization group size that divides every tiny model's input sizes (48, 64, 128)
 
@@ -54,9 +55,25 @@ VARIANTS = {
     "qwen2_yarn": (Qwen2Config, Qwen2ForCausalLM, dict(
         num_attention_heads=2, num_key_value_heads=1, rope_theta=1e6, rope_scaling=dict(
             rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=16.0))),
+    # mixture of experts (issue 33): 8 experts (expert parallelism over 2 and 4 devices), 2 per token; Qwen2-MoE
+    # with its shared expert; Qwen3-MoE with the top-k renormalized and a dense layer by mlp_only_layers, and not
+    # renormalized with a dense layer by decoder_sparse_step
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, num_local_experts=8,
+        num_experts_per_tok=2)),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False)),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen3_moe_sparse_step": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=3,
+        moe_intermediate_size=32, norm_topk_prob=False, decoder_sparse_step=2, tie_word_embeddings=True)),
 }
 _SEEDS = {name: i for i, name in enumerate(sorted(["llama2", "llama3", "smollm2", "mistral", "qwen2"]))}
 NEW_FAMILIES = ("mistral_window", "qwen3", "gemma2", "gemma3", "phi3")  # with windows, soft-caps, q/k norms
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_moe_sparse_step")
 
 
 def save_tiny_hf_model(variant: str, directory: Path):
@@ -68,7 +85,12 @@ def save_tiny_hf_model(variant: str, directory: Path):
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.5)
-    if variant in NEW_FAMILIES:  # norms start at 1 (Gemma: at 0, meaning 1); make their weights matter
+    if variant in MOE_FAMILIES:  # routers may start at zero (every expert tied); make the routing decisive
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if name.endswith("gate.weight") and "gate_proj" not in name:  # the router, the shared expert's gate
+                    weight.normal_(0.0, 0.5)
+    if variant in NEW_FAMILIES + MOE_FAMILIES:  # norms start at 1 (Gemma: at 0, meaning 1); make their weights matter
         with torch.no_grad():
             for name, weight in model.named_parameters():
                 if "norm" in name:
