@@ -306,6 +306,7 @@ class ParallelConfig:
     """Resolved from EngineArgs, which checks the values."""
     tensor_parallel_size: int = 1  # devices the model is split over: the mesh's size (1: a mesh of one device)
     num_processes: int = 1  # processes running the model together (the mesh then spans all their devices)
+    enable_expert_parallel: bool = False  # a MoE model's experts split whole over the mesh (E/N per device)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,9 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(path, f"unknown architecture {short_repr(arch)}; supported: "
                              f"{sorted(SUPPORTED_ARCHITECTURES)}")
+    if meta.integer(f"{arch}.expert_count", 0, minimum=0):
+        raise meta.error(f"{arch}.expert_count", "is set: mixture-of-experts GGUF files are not supported (load the "
+                         "Hugging Face safetensors checkpoint)")
     num_heads = meta.integer(f"{arch}.attention.head_count")
     hidden = meta.integer(f"{arch}.embedding_length")
     head_dim = meta.integer(f"{arch}.attention.key_length", hidden // num_heads)
