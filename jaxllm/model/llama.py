@@ -24,8 +24,8 @@ from jaxllm.config import ModelConfig
 from jaxllm.model.attention import attend
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.kv_cache import KVCache, write_kv
-from jaxllm.model.moe import moe_mlp
 from jaxllm.model.layers import apply_rope, gated_mlp, linear, rms_norm, rope_cos_sin, rope_inv_freq, soft_cap
+from jaxllm.model.moe import moe_mlp
 from jaxllm.model.params import LayerParams, LlamaParams
 from jaxllm.model.step_batch import StepBatch
 

@@ -27,7 +27,7 @@ from flax import struct
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import weights
-from jaxllm.model.host_arrays import aligned_concatenate
+from jaxllm.model.host_arrays import aligned_empty
 
 Weight = Any  # a linear layer's weight: a dense array or a weights.WeightFormat (layers.linear takes either)
 
@@ -144,10 +144,18 @@ def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     num_experts = sum(1 for k in tensors if k.endswith(".down") and k.startswith("expert."))
     for name, parts in EXPERT_PARTS.items():
         if num_experts:
-            fused[name] = aligned_concatenate(
-                [weights.concat_rows([tensors[expert_field(e, p)] for p in parts], axis=0)[None]
-                 for e in range(num_experts)], 0)  # [E, ...]
+            fused[name] = _stack_experts(tensors, parts, num_experts)
     return fused
+
+
+def _stack_experts(tensors: dict[str, np.ndarray], parts: tuple[str, ...], num_experts: int) -> np.ndarray:
+    """Each expert's parts [rows, K] joined on their rows, the experts stacked: [E, sum of rows, K], written once
+    into aligned memory (dense weights: expert weights have no other format)."""
+    first = [tensors[expert_field(0, p)] for p in parts]
+    out = aligned_empty((num_experts, sum(a.shape[0] for a in first), *first[0].shape[1:]), first[0].dtype)
+    for e in range(num_experts):
+        np.concatenate([tensors[expert_field(e, p)] for p in parts], axis=0, out=out[e])
+    return out
 
 
 def global_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -136,7 +136,8 @@ def shard_major_params(params: LlamaParams, config: ModelConfig, tp_size: int) -
     if tp_size == 1:
         return params
     qkv = qkv_rows(config, tp_size)
-    pairs = {"w_gate_up": (config.intermediate_size, 0), "w_shared_gate_up": (config.shared_expert_intermediate_size, 0)}
+    pairs = {"w_gate_up": (config.intermediate_size, 0),  # field -> (width of gate and of up, the row axis)
+             "w_shared_gate_up": (config.shared_expert_intermediate_size, 0)}
     if not config.expert_parallel:  # each expert split on its intermediate axis (axis 1 of [E, 2I, H])
         pairs["w_experts_gate_up"] = (config.moe_intermediate_size, 1)
 
