@@ -1,7 +1,8 @@
 """Mixture-of-experts models (model/moe.py): the router against Hugging Face's own router modules on crafted logits
 with ties; tensor parallelism (experts split on their intermediate axis) and expert parallelism (experts split
-whole) at N = 2 and 4 give the logits of N = 1; each device holds E/N experts under expert parallelism; sizes that
-cannot split the experts are refused with the valid ones listed."""
+whole) at N = 2 and 4 give the logits of N = 1; each device holds E/N experts under expert parallelism, and a
+sparse layer all-reduces twice as a dense one does; sizes that cannot split the experts are refused with the
+valid ones listed."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from jaxllm import load_model
 from jaxllm.config import ModelConfig
+from jaxllm.model import select_kernels
 from jaxllm.model import tensor_parallel as tp
 from jaxllm.model.moe import route
 from tests.model.test_families_tensor_parallel import logits_at
-from tests.model.test_tensor_parallel import LOGITS_TOLERANCE
+from tests.model.test_tensor_parallel import BLOCK_SIZE, LOGITS_TOLERANCE, NUM_BLOCKS, batches
 from tests.tiny_models import MOE_FAMILIES
 
 NUM_EXPERTS = 8
@@ -110,3 +112,17 @@ def test_expert_counts_that_do_not_split_are_refused():
     tp.check_tp_size(config, 3, 8)  # each expert's 48 columns split in three
     with pytest.raises(ValueError, match=r"8 experts \(expert parallelism\).*valid sizes: 1, 2, 4$"):
         tp.check_tp_size(dataclasses.replace(config, expert_parallel=True), 3, 8)
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_a_sparse_layer_all_reduces_twice_like_a_dense_one(expert_parallel, tiny_model_dir):
+    """The experts' partial outputs ride the MLP's one all-reduce: no all-to-all, no gather of weights."""
+    loaded = load_model(tiny_model_dir("qwen2_moe")[0])
+    config = dataclasses.replace(loaded.config, expert_parallel=expert_parallel)
+    mesh = tp.make_mesh(2)
+    params = tp.shard_params(loaded.params, config, mesh)
+    kv = tp.init_kv_cache(config, NUM_BLOCKS, BLOCK_SIZE, mesh=mesh)
+    forward = tp.jit_forward(config, select_kernels(attention="reference"), mesh=mesh)
+    text = forward.lower(params, kv, batches()[0]).compile().as_text()
+    assert text.count(" all-reduce(") == 2 * config.num_layers
+    assert " all-to-all(" not in text and " all-gather(" not in text
