@@ -9,6 +9,14 @@ forward (model/llama.py), the loaders' tensor names and the parameter shapes. It
     gemma2    x * (1 + w), pre and post  gelu_tanh   yes              no        no        apart
     gemma3    x * (1 + w), pre and post  gelu_tanh   yes              yes       no        apart
     phi3      x * w                      silu        no               no        no        fused (qkv_proj, gate_up_proj)
+    mixtral   x * w                      silu        no               no        no        apart; experts per expert
+    qwen2_moe x * w                      silu        no               no        yes       apart; experts per expert
+    qwen3_moe x * w                      silu        no               yes       no        apart; experts per expert
+
+The mixture-of-experts families (model/moe.py) replace the MLP of their sparse layers by a router over E experts,
+each token's top-k of them run (pallas_kernels.moe's contract); `experts` names where the checkpoint keeps them
+(Mixtral: block_sparse_moe.experts.E.w1/w3/w2 and block_sparse_moe.gate; Qwen: mlp.experts.E.gate_proj/up_proj/
+down_proj and mlp.gate), `shared_expert` adds Qwen2-MoE's dense shared expert gated by sigmoid(shared_expert_gate).
 
 What varies per model rather than per family (the sliding window and which layers use it, the local rope base,
 the attention scale, the soft-caps, the rope scaling) lives in ModelConfig.
@@ -29,6 +37,8 @@ class Architecture:
     qk_norm: bool = False  # an RMSNorm over each q and k head (head_dim weights) before rope
     qkv_bias: bool = False  # q/k/v projections carry a bias
     fused_checkpoint: bool = False  # the checkpoint stores q|k|v and gate|up fused (Phi-3)
+    experts: str = ""  # mixture of experts: the checkpoint's module of a sparse layer's MLP ("": a dense model)
+    shared_expert: bool = False  # a sparse layer adds a dense shared expert gated per token (Qwen2-MoE)
 
 
 ARCHITECTURES = {a.name: a for a in (
@@ -40,6 +50,9 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("gemma3", norm_offset=1.0, sandwich_norms=True, activation="gelu_tanh", embed_scale=True,
                  qk_norm=True),
     Architecture("phi3", fused_checkpoint=True),
+    Architecture("mixtral", experts="block_sparse_moe"),
+    Architecture("qwen2_moe", qkv_bias=True, experts="mlp", shared_expert=True),
+    Architecture("qwen3_moe", qk_norm=True, experts="mlp"),
 )}
 
 # Hugging Face `architectures[0]` -> the family name used inside jaxllm.
@@ -51,6 +64,9 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 # the hidden_act (or hidden_activation) values config.json may give for each activation

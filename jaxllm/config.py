@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from jaxllm.architecture import ACTIVATION_NAMES, ARCHITECTURES, SUPPORTED_ARCHITECTURES, Architecture
 from jaxllm.errors import ModelLoadError
 from jaxllm.file_fields import MAX_INT, FieldReader, short_repr
+from jaxllm.moe_config import read_moe_fields
 from jaxllm.rope_scaling import Llama3RopeScaling, RopeScaling, read_rope_scaling
 
 __all__ = ["ModelConfig", "Llama3RopeScaling", "SUPPORTED_ARCHITECTURES", "LAYER_TYPES", "merge_token_ids",
@@ -40,6 +41,14 @@ class ModelConfig:
     final_logit_softcap: float | None = None  # Gemma 2: logits -> c * tanh(logits / c)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()  # every end-of-sequence id; the first is the primary one
+    # mixture of experts (moe_config.py reads them; 0 experts: a dense model)
+    num_experts: int = 0  # E routed experts in each sparse layer
+    num_experts_per_tok: int = 0  # k: the experts each token runs
+    moe_intermediate_size: int = 0  # each expert's MLP width I
+    norm_topk_prob: bool = True  # the k routing weights renormalized to sum to 1 (Mixtral always)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert's MLP width (0: none)
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (intermediate_size) in a MoE model
+    expert_parallel: bool = False  # experts split whole over the mesh (set by the engine, not read from a file)
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -65,12 +74,32 @@ class ModelConfig:
                                  or not set(self.layer_types) <= set(LAYER_TYPES)):
             raise ValueError(f"ModelConfig.layer_types must name {self.num_layers} layers, each one of "
                              f"{', '.join(LAYER_TYPES)}, got {self.layer_types!r}")
+        self._check_experts()
         for name in ("sliding_window", "rope_local_theta", "query_pre_attn_scalar", "attn_logit_softcap",
                      "final_logit_softcap"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 0 < value < math.inf):
                 raise ValueError(f"ModelConfig.{name} must be None or a finite number > 0, got {value!r}")
+
+    def _check_experts(self) -> None:
+        if self.num_experts == 0:
+            return
+        if not (isinstance(self.num_experts, int) and self.num_experts > 0 and isinstance(self.num_experts_per_tok, int)
+                and 1 <= self.num_experts_per_tok <= self.num_experts):
+            raise ValueError(f"ModelConfig.num_experts_per_tok must be in 1..num_experts ({self.num_experts}), got "
+                             f"{self.num_experts_per_tok!r}")
+        for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (name == "moe_intermediate_size"):
+                raise ValueError(f"ModelConfig.{name} must be an int >= 1 in a MoE model, got {value!r}")
+        if not all(isinstance(i, int) and 0 <= i < self.num_layers for i in self.dense_layers):
+            raise ValueError(f"ModelConfig.dense_layers must be layer indices below {self.num_layers}, got "
+                             f"{self.dense_layers!r}")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is routed over experts (else the dense MLP of intermediate_size)."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     @property
     def arch(self) -> Architecture:
@@ -115,13 +144,14 @@ class ModelConfig:
             rope_scaling=scaling,
             max_position_embeddings=max_positions,
             tie_word_embeddings=r.flag("tie_word_embeddings", arch in ("gemma2", "gemma3")),
-            qkv_bias=ARCHITECTURES[arch].qkv_bias,
+            qkv_bias=ARCHITECTURES[arch].qkv_bias and r.flag("qkv_bias", True),
             sliding_window=window,
             layer_types=() if window is None else _layer_types(r, arch, num_layers),
             rope_local_theta=local_theta,
             bos_token_id=r.integer("bos_token_id", None, minimum=0),
             eos_token_ids=r.token_ids("eos_token_id"),
             **_gemma_fields(r, arch),
+            **read_moe_fields(r, ARCHITECTURES[arch], num_layers),
         )
         try:
             return cls(**fields)
@@ -181,6 +211,10 @@ def _rope(r: FieldReader, arch: str, head_dim: int, max_positions: int
 def _sliding_window(r: FieldReader, arch: str) -> int | None:
     """The window the family applies (HF Llama has none; Qwen applies its own only with use_sliding_window)."""
     if arch == "llama":
+        return None
+    if arch in ("qwen2_moe", "qwen3_moe"):
+        if r.flag("use_sliding_window", False):
+            raise r.error("use_sliding_window", f"is not supported for {arch}")
         return None
     if arch in ("qwen2", "qwen3") and not r.flag("use_sliding_window", False):
         return None
@@ -272,6 +306,7 @@ class ParallelConfig:
     """Resolved from EngineArgs, which checks the values."""
     tensor_parallel_size: int = 1  # devices the model is split over: the mesh's size (1: a mesh of one device)
     num_processes: int = 1  # processes running the model together (the mesh then spans all their devices)
+    enable_expert_parallel: bool = False  # a MoE model's experts split whole over the mesh (E/N per device)
 
 
 @dataclasses.dataclass(frozen=True)

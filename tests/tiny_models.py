@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 AWQ_GROUP = 16  # a quantization group size that divides every tiny model's input sizes (48, 64, 128)
 
@@ -54,9 +56,25 @@ VARIANTS = {
     "qwen2_yarn": (Qwen2Config, Qwen2ForCausalLM, dict(
         num_attention_heads=2, num_key_value_heads=1, rope_theta=1e6, rope_scaling=dict(
             rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=16.0))),
+    # mixture of experts (issue 33): 8 experts (expert parallelism over 2 and 4 devices), 2 per token; Qwen2-MoE
+    # with its shared expert; Qwen3-MoE with the top-k renormalized and a dense layer by mlp_only_layers, and not
+    # renormalized with a dense layer by decoder_sparse_step
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, num_local_experts=8,
+        num_experts_per_tok=2)),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False)),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen3_moe_sparse_step": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=3,
+        moe_intermediate_size=32, norm_topk_prob=False, decoder_sparse_step=2, tie_word_embeddings=True)),
 }
 _SEEDS = {name: i for i, name in enumerate(sorted(["llama2", "llama3", "smollm2", "mistral", "qwen2"]))}
 NEW_FAMILIES = ("mistral_window", "qwen3", "gemma2", "gemma3", "phi3")  # with windows, soft-caps, q/k norms
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_moe_sparse_step")
 
 
 def save_tiny_hf_model(variant: str, directory: Path):
@@ -68,7 +86,12 @@ def save_tiny_hf_model(variant: str, directory: Path):
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.5)
-    if variant in NEW_FAMILIES:  # norms start at 1 (Gemma: at 0, meaning 1); make their weights matter
+    if variant in MOE_FAMILIES:  # routers may start at zero (every expert tied); make the routing decisive
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if name.endswith("gate.weight") and "gate_proj" not in name:  # the router, the shared expert's gate
+                    weight.normal_(0.0, 0.5)
+    if variant in NEW_FAMILIES + MOE_FAMILIES:  # norms start at 1 (Gemma: at 0, meaning 1); make their weights matter
         with torch.no_grad():
             for name, weight in model.named_parameters():
                 if "norm" in name:
@@ -117,11 +140,10 @@ def write_gguf(model, path: Path, arch: str = "llama", matrix_type=None, tensor_
     writer.add_vocab_size(cfg.vocab_size)
     _write_family_metadata(writer, model, arch)
     overrides = tensor_overrides or {}
-    for hf_name, tensor in model.state_dict().items():
+    for hf_name, array in _gguf_arrays(model):
         if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         name = _gguf_name(hf_name, arch)
-        array = tensor.float().numpy()
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp stores Gemma's norms as (1 + w)
         if arch == "llama" and ".attn_q." in name:
@@ -142,17 +164,37 @@ def write_gguf(model, path: Path, arch: str = "llama", matrix_type=None, tensor_
     return path
 
 
+def _gguf_arrays(model):
+    """(HF name, float32 array) of each tensor, a MoE layer's fused [E, 2I, H] experts split into its gate and up
+    halves as llama.cpp stores them."""
+    for hf_name, tensor in model.state_dict().items():
+        array = tensor.float().numpy()
+        if hf_name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = np.split(array, 2, axis=1)  # [E, I, H] each
+            yield hf_name.replace("gate_up_proj", "gate_exps"), gate
+            yield hf_name.replace("gate_up_proj", "up_exps"), up
+        else:
+            yield hf_name, array
+
+
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name in HF_TO_GGUF:
         return HF_TO_GGUF[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
-    names = {**HF_TO_GGUF_LAYER, **_FAMILY_GGUF_LAYER, **(_GEMMA_GGUF_LAYER if arch.startswith("gemma") else {})}
+    names = {**HF_TO_GGUF_LAYER, **_FAMILY_GGUF_LAYER, **_MOE_GGUF_LAYER,
+             **(_GEMMA_GGUF_LAYER if arch.startswith("gemma") else {})}
     return f"blk.{layer}.{names[rest]}"
 
 
 # llama.cpp's names for what the new families add (gguf's MODEL_TENSOR table)
 _FAMILY_GGUF_LAYER = {"self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                       "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"}
+_MOE_GGUF_LAYER = {"mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.gate_exps": "ffn_gate_exps.weight",
+                   "mlp.experts.up_exps": "ffn_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight",
+                   "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+                   "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+                   "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+                   "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"}
 _GEMMA_GGUF_LAYER = {"post_attention_layernorm.weight": "post_attention_norm.weight",
                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                      "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
@@ -165,7 +207,16 @@ def _write_family_metadata(writer, model, arch: str) -> None:
     import numpy as np
 
     cfg = model.config
-    if getattr(cfg, "sliding_window", None) is not None:
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if experts:  # what llama.cpp's converter writes for a MoE model
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        if hasattr(cfg, "moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+            writer.add_expert_weights_norm(cfg.norm_topk_prob)
+        if hasattr(cfg, "shared_expert_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    if getattr(cfg, "sliding_window", None):  # Qwen2-MoE's config says 0 for none
         writer.add_sliding_window(cfg.sliding_window)
     if arch == "gemma3":  # its layer pattern as one flag per layer (true: sliding)
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])

@@ -142,6 +142,9 @@ class EngineArgs:
                                                   "columns, vocabulary); unset: 1 (a mesh of one device); with "
                                                   "several processes it must be (and unset it is) every device "
                                                   "of every process")
+    enable_expert_parallel: bool = _arg(False, "split a mixture-of-experts model's experts whole over the "
+                                               "tensor-parallel devices (E/N each; attention stays split by heads) "
+                                               "instead of splitting every expert's MLP columns")
     enable_lora: bool = _arg(False, "serve LoRA adapters (PEFT directories) per request over the base model")
     max_loras: int = _arg(1, "LoRA adapters held on the device at once (one step may mix them all); requests "
                              "for others wait for a slot")
@@ -267,7 +270,8 @@ class EngineArgs:
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size or 1,
-                              num_processes=self.process_group().num_processes)
+                              num_processes=self.process_group().num_processes,
+                              enable_expert_parallel=self.enable_expert_parallel)
 
     def lora_config(self) -> LoRAConfig | None:
         """None with LoRA off."""

@@ -88,7 +88,7 @@ class LLMEngine:
             loaded = load_host_model(args.model, dtype=args.dtype, quantization=args.quantization)
         # the params on their mesh (one device unless split) before the pool is sized
         self.parallel_config = args.parallel_config()
-        self.mesh, self.loaded = _place(loaded, self.parallel_config.tensor_parallel_size)
+        self.mesh, self.loaded = _place(loaded, self.parallel_config)
         self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
@@ -421,14 +421,24 @@ def _lora_manager(lora: LoRAConfig | None, parallel: ParallelConfig, loaded) -> 
         return None
     if parallel.num_processes > 1:
         raise ValueError("enable_lora is not supported with several processes yet")
+    if loaded.config.num_experts:
+        raise ValueError(f"enable_lora is not supported for mixture-of-experts models ({loaded.config.architecture}): "
+                         "LoRA on expert weights is not implemented")
     return LoRAManager(loaded.config, **dataclasses.asdict(lora), dtype=params_dtype(loaded.params))
 
 
-def _place(loaded, tp_size: int):
-    """(the mesh of tp_size devices, `loaded` with its params on it); ValueError for sizes that cannot work.
+def _place(loaded, parallel: ParallelConfig):
+    """(the mesh of tensor_parallel_size devices, `loaded` with its params on it); ValueError for sizes that
+    cannot work, and for expert parallelism asked of a dense model.
 
     Split over several devices, each receives only its own part, from the host (params already on a device are
     fetched first): no device holds the whole model on the way."""
+    tp_size = parallel.tensor_parallel_size
+    if parallel.enable_expert_parallel:
+        if not loaded.config.num_experts:
+            raise ValueError(f"enable_expert_parallel needs a mixture-of-experts model; this "
+                             f"{loaded.config.architecture} model has no experts")
+        loaded = dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, expert_parallel=True))
     tensor_parallel.check_tp_size(loaded.config, tp_size, len(jax.devices()))
     mesh = tensor_parallel.make_mesh(tp_size)
     return mesh, place_model(loaded, mesh)

@@ -42,21 +42,23 @@ def assemble_params(
     dtype: str = "float32",
 ) -> LlamaParams:
     np_dtype = numpy_dtype(dtype)
-    layer_shapes, global_shapes = checkpoint_layer_shapes(config), global_param_shapes(config)
+    layer_shapes = [checkpoint_layer_shapes(config, i) for i in range(config.num_layers)]  # MoE: differ by layer
+    global_shapes = global_param_shapes(config)
     parts: list[dict] = [{} for _ in range(config.num_layers)]  # each layer's tensors until it is complete
     fused: list[dict | None] = [None] * config.num_layers  # then its fused fields (the parts' memory is reused)
     formats: dict[str, str] = {}  # field -> its weight format, the same in every layer
     top: dict[str, np.ndarray] = {}
-    expected_count = len(global_shapes) + config.num_layers * len(layer_shapes)
+    expected_count = len(global_shapes) + sum(len(shapes) for shapes in layer_shapes)
     tensors = progress.track(tensors, "Loading weights", "tensors", total=expected_count,
                              nbytes=lambda item: _host_bytes(item[3]))
     for field, layer, name, array in tensors:
-        expected = global_shapes.get(field) if layer is None else layer_shapes.get(field)
-        if expected is None:
-            raise ModelLoadError(source, f"unexpected tensor {name!r} for this {config.architecture} config")
         if layer is not None and not 0 <= layer < config.num_layers:
             raise ModelLoadError(source, f"tensor {name!r} is for layer {layer}, but the config has "
                                  f"{config.num_layers} layers")
+        expected = global_shapes.get(field) if layer is None else layer_shapes[layer].get(field)
+        if expected is None:
+            raise ModelLoadError(source, f"unexpected tensor {name!r} for this {config.architecture} config"
+                                 + _moe_hint(config, layer))
         if tuple(array.shape) != expected:
             raise ModelLoadError(source, f"tensor {name!r} has shape {tuple(array.shape)}, but the config implies "
                                  f"{expected}")
@@ -69,15 +71,23 @@ def assemble_params(
             continue
         _check_format(formats, field, array, source)
         parts[layer][field] = array
-        if len(parts[layer]) == len(layer_shapes):
+        if len(parts[layer]) == len(layer_shapes[layer]):
             fused[layer], parts[layer] = _fuse(parts[layer], source), {}
     missing = [f for f in global_shapes if f not in top]
     missing += [f"layer {i} {f}" for i, done in enumerate(fused) if done is None
-                for f in layer_shapes if f not in parts[i]]
+                for f in layer_shapes[i] if f not in parts[i]]
     if missing:
         raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     return LlamaParams(layers=tuple(LayerParams(**fields) for fields in fused), **top)
+
+
+def _moe_hint(config: ModelConfig, layer: int | None) -> str:
+    """Why a layer tensor is unexpected in a MoE model: the config makes that layer sparse or dense."""
+    if layer is None or not config.num_experts:
+        return ""
+    kind = "routed over experts" if config.is_moe_layer(layer) else "dense (mlp_only_layers / decoder_sparse_step)"
+    return f" (layer {layer}'s MLP is {kind}; its experts must number num_experts = {config.num_experts})"
 
 
 def _host_bytes(weight) -> int:

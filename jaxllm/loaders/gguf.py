@@ -15,9 +15,11 @@ import numpy as np
 
 from jaxllm.config import LAYER_TYPES, ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
-from jaxllm.file_fields import FieldReader, short_repr
+from jaxllm.file_fields import REQUIRED, FieldReader, short_repr
 from jaxllm.loaders.assemble import assemble_params, numpy_dtype, tensor_field
 from jaxllm.loaders.gguf_dequant import dequantize
+from jaxllm.loaders.gguf_experts import (EXPERT_LAYER_NAMES, MOE_ARCHITECTURES, SHARED_EXPERT_NAMES, gguf_family,
+                                         gguf_moe_fields, split_experts)
 from jaxllm.loaders.gguf_file import GGUFFile
 from jaxllm.loaders.host_memory import check_fits_host
 from jaxllm.loaders.weight_checks import check_weight
@@ -28,7 +30,7 @@ from jaxllm.rope_scaling import LinearRopeScaling, LongRopeScaling, RopeScaling,
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
 # GGUF general.architecture -> jaxllm family (llama.cpp converts Mistral as llama, with its window in the metadata)
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-                           "gemma3": "gemma3", "phi3": "phi3"}
+                           "gemma3": "gemma3", "phi3": "phi3", **MOE_ARCHITECTURES}  # llama + experts: mixtral
 
 _GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
 _LAYER_NAMES = {
@@ -70,15 +72,17 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(path, f"unknown architecture {short_repr(arch)}; supported: "
                              f"{sorted(SUPPORTED_ARCHITECTURES)}")
+    family = gguf_family(arch, meta.integer(f"{arch}.expert_count", 0, minimum=0))
+    experts = {} if family is None else gguf_moe_fields(meta, arch)
     num_heads = meta.integer(f"{arch}.attention.head_count")
     hidden = meta.integer(f"{arch}.embedding_length")
     head_dim = meta.integer(f"{arch}.attention.key_length", hidden // num_heads)
     num_layers = meta.integer(f"{arch}.block_count")
     fields = dict(
-        architecture=SUPPORTED_ARCHITECTURES[arch],
+        architecture=family or SUPPORTED_ARCHITECTURES[arch],
         vocab_size=_vocab_size(meta, reader, arch),
         hidden_size=hidden,
-        intermediate_size=meta.integer(f"{arch}.feed_forward_length"),
+        intermediate_size=meta.integer(f"{arch}.feed_forward_length", experts.get("moe_intermediate_size", REQUIRED)),
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=meta.integer(f"{arch}.attention.head_count_kv", num_heads),
@@ -88,11 +92,12 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
         rope_scaling=gguf_rope_scaling(meta, reader, arch, head_dim),
         max_position_embeddings=meta.integer(f"{arch}.context_length", 4096),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        qkv_bias=arch == "qwen2",
+        qkv_bias=arch in ("qwen2", "qwen2moe"),
         **gguf_window(meta, arch, num_layers),
         **_gemma_fields(meta, arch, head_dim),
         bos_token_id=meta.integer("tokenizer.ggml.bos_token_id", None, minimum=0),
         eos_token_ids=merge_token_ids(*(meta.integer(key, None, minimum=0) for key in EOS_KEYS)),
+        **experts,
     )
     try:
         return ModelConfig(**fields)
@@ -178,6 +183,10 @@ def gguf_layer_names(config: ModelConfig) -> dict[str, str]:
         for name in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight", "ffn_up.weight"):
             del names[name]
         names.update(_FUSED_NAMES)
+    if arch.experts:
+        names.update(EXPERT_LAYER_NAMES)
+    if arch.shared_expert:
+        names.update(SHARED_EXPERT_NAMES)
     return names
 
 
@@ -190,7 +199,7 @@ def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaPar
 
 
 def _tensors(reader: GGUFFile, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:
-    permute_qk = config.architecture == "llama"  # llama.cpp's converter reorders Q/K rows only for this one
+    permute_qk = config.architecture in ("llama", "mixtral")  # llama.cpp reorders Q/K rows only for its llama
     layer_names = gguf_layer_names(config)
     for tensor in reader.tensors:
         field, layer = tensor_field(tensor.name, _GLOBAL_NAMES, _LAYER_RE, layer_names)
@@ -216,7 +225,8 @@ def _tensors(reader: GGUFFile, config: ModelConfig, path: Path) -> Iterator[tupl
             array = unpermute_rope_rows(array, config.num_heads)
         elif permute_qk and field in ("wk", "bk"):
             array = unpermute_rope_rows(array, config.num_kv_heads)
-        yield field, layer, tensor.name, array
+        for part_field, name, part in split_experts(field, array, tensor.name):  # a stacked [E, ...] per expert
+            yield part_field, layer, name, part
 
 
 def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:

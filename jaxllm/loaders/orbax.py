@@ -181,11 +181,19 @@ def _config(c: FieldReader) -> ModelConfig:
                                                    "attn_logit_softcap", "final_logit_softcap")},
         bos_token_id=c.integer("bos_token_id", None, minimum=0),
         eos_token_ids=c.token_ids("eos_token_ids"),
+        **_expert_fields(c),
     )
     try:
         return ModelConfig(**fields)
     except ValueError as e:
         raise ModelLoadError(c.source, str(e)) from e
+
+
+def _expert_fields(c: FieldReader) -> dict:
+    """A mixture-of-experts model's fields (expert_parallel is the engine's choice, not the checkpoint's)."""
+    return dict(**{name: c.integer(name, 0, minimum=0) for name in (
+                    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")},
+                norm_topk_prob=c.flag("norm_topk_prob", True), dense_layers=c.token_ids("dense_layers"))
 
 
 def _orbax():

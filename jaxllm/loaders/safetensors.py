@@ -20,7 +20,7 @@ from jaxllm.loaders import awq
 from jaxllm.loaders.assemble import assemble_params, numpy_dtype, tensor_field
 from jaxllm.loaders.host_memory import check_fits_host
 from jaxllm.loaders.weight_checks import check_weight
-from jaxllm.model.params import LlamaParams
+from jaxllm.model.params import LlamaParams, expert_field
 from jaxllm.model.weights import WeightFormat
 
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
@@ -37,6 +37,13 @@ _SANDWICH_NORM_NAMES = {"post_attention_layernorm.weight": "post_attn_norm",
                         "pre_feedforward_layernorm.weight": "mlp_norm",
                         "post_feedforward_layernorm.weight": "post_mlp_norm"}  # Gemma: the MLP's norm is "pre_"
 _FUSED_NAMES = {"self_attn.qkv_proj.weight": "w_qkv", "mlp.gate_up_proj.weight": "w_gate_up"}  # Phi-3
+# a sparse layer's experts (architecture.experts names their module): each expert's gate, up and down projections
+_EXPERT_NAMES = {"block_sparse_moe": {"w1": "gate", "w3": "up", "w2": "down"},  # Mixtral
+                 "mlp": {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}}  # Qwen2-MoE, Qwen3-MoE
+_SHARED_EXPERT_NAMES = {"mlp.shared_expert.gate_proj.weight": "w_shared_gate",
+                        "mlp.shared_expert.up_proj.weight": "w_shared_up",
+                        "mlp.shared_expert.down_proj.weight": "w_shared_down",
+                        "mlp.shared_expert_gate.weight": "shared_gate"}  # Qwen2-MoE
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_SUFFIX = "rotary_emb.inv_freq"  # old checkpoints store the rope table; it is recomputed
 INDEX_FILE = "model.safetensors.index.json"
@@ -80,6 +87,9 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
         if config.arch.fused_checkpoint:
             raise ModelLoadError(model_dir / "config.json", f"AWQ checkpoints of {config.architecture} (fused "
                                  "qkv_proj / gate_up_proj linears) are not supported")
+        if config.num_experts:
+            raise ModelLoadError(model_dir / "config.json", f"AWQ int4 checkpoints of mixture-of-experts models "
+                                 f"({config.architecture}: int4 experts) are not supported")
         named, layer_names = awq.join_linears(named, awq_config, numpy_dtype(dtype)), _awq_names(layer_names)
     return config, assemble_params(config, _fields(named, config, layer_names), source=str(model_dir), dtype=dtype)
 
@@ -96,6 +106,21 @@ def layer_tensor_names(config: ModelConfig) -> dict[str, str]:
                      "mlp.gate_proj.weight", "mlp.up_proj.weight"):
             del names[name]
         names.update(_FUSED_NAMES)
+    if arch.experts:
+        names.update(_expert_names(config))
+    return names
+
+
+def _expert_names(config: ModelConfig) -> dict[str, str]:
+    """A sparse layer's tensor names -> fields: the router, each expert's projections (params.expert_field),
+    the shared expert. A dense layer of the same model keeps the dense MLP's names."""
+    module = config.arch.experts
+    names = {f"{module}.gate.weight": "router"}
+    for e in range(config.num_experts):
+        names.update({f"{module}.experts.{e}.{proj}.weight": expert_field(e, part)
+                      for proj, part in _EXPERT_NAMES[module].items()})
+    if config.arch.shared_expert:
+        names.update(_SHARED_EXPERT_NAMES)
     return names
 
 

@@ -3,7 +3,8 @@
 tensor_parallel.py runs it over the device mesh (one device unless the model is split), under shard_map: that is
 the only way the library calls it.
 
-One forward for every family (Llama 2/3/3.1, SmolLM, Mistral, Qwen2/2.5/3, Gemma 2/3, Phi-3): what differs is
+One forward for every family (Llama 2/3/3.1, SmolLM, Mistral, Qwen2/2.5/3, Gemma 2/3, Phi-3, and the
+mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, whose sparse layers run model/moe.py's MLP): what differs is
 read from config.arch (architecture.py: norm style, sandwich norms, activation, embedding scale, q/k norms) and
 per layer from the config (sliding window, rope table). A layer's static kind is (its window, its rope table):
 the layer function is traced once per distinct kind (one for most models, two for Gemma's local / global layers),
@@ -24,6 +25,7 @@ from jaxllm.model.attention import attend
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.kv_cache import KVCache, write_kv
 from jaxllm.model.layers import apply_rope, gated_mlp, linear, rms_norm, rope_cos_sin, rope_inv_freq, soft_cap
+from jaxllm.model.moe import moe_mlp
 from jaxllm.model.params import LayerParams, LlamaParams
 from jaxllm.model.step_batch import StepBatch
 
@@ -36,12 +38,14 @@ def device_forward_hidden(
     config: ModelConfig,
     kernels: Kernels,
     reduce: Callable[[jax.Array], jax.Array],
+    first_expert: jax.Array | int = 0,
 ) -> tuple[jax.Array, KVCache]:
     """Returns (final-normed hidden states [R, H] at batch.logits_indices, kv_cache with this step's K/V written).
 
     params and kv_cache are one device's share (its heads and MLP columns) and config describes that share;
     `reduce` sums the partial outputs of the row-parallel projections (wo, w_down) over the devices. `kernels`
     names the implementation of attention, the KV write and the weight formats' matmuls (kernels.py).
+    `first_expert`: the global id of this device's first expert (expert parallelism; 0 otherwise).
     """
     x = params.embed[batch.token_ids]  # [T, H]
     if config.arch.embed_scale:  # Gemma: times sqrt(H), the factor rounded to the activations' dtype as HF does
@@ -59,7 +63,8 @@ def device_forward_hidden(
                          static_argnames=("kind",))
     for layer, (lp, kind) in enumerate(zip(params.layers, kinds)):
         cos, sin = tables[kind.local_rope]
-        x, k_pool, v_pool = layer_step(x, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch, kind=kind)
+        x, k_pool, v_pool = layer_step(x, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch, first_expert,
+                                       kind=kind)
 
     hidden = _norm(x[batch.logits_indices], params.final_norm, config)  # [R, H]
     return hidden, KVCache(k=k_pool, v=v_pool)
@@ -77,7 +82,7 @@ def layer_kind(config: ModelConfig, layer: int) -> LayerKind:
                      sliding and config.rope_local_theta is not None)
 
 
-def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, *, kind: LayerKind,
+def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, first_expert, *, kind: LayerKind,
            config: ModelConfig, kernels: Kernels, reduce: Callable[[jax.Array], jax.Array]):
     """One decoder layer: x [T, H] -> x [T, H], this step's K/V written into the pools' layer `layer`."""
     h = _norm(x, lp.attn_norm, config)
@@ -91,7 +96,10 @@ def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch
     x = x + _post_norm(reduce(linear(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels)), lp.post_attn_norm,
                        config)
     h = _norm(x, lp.mlp_norm, config)
-    mlp = reduce(gated_mlp(h, lp.w_gate_up, lp.w_down, kernels, config.arch.activation))
+    if lp.router is not None:  # a mixture-of-experts layer
+        mlp = reduce(moe_mlp(h, lp, config, kernels, first_expert))
+    else:
+        mlp = reduce(gated_mlp(h, lp.w_gate_up, lp.w_down, kernels, config.arch.activation))
     return x + _post_norm(mlp, lp.post_mlp_norm, config), k_pool, v_pool
 
 

@@ -27,6 +27,7 @@ from flax import struct
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import weights
+from jaxllm.model.host_arrays import aligned_empty
 
 Weight = Any  # a linear layer's weight: a dense array or a weights.WeightFormat (layers.linear takes either)
 
@@ -37,13 +38,20 @@ class LayerParams:  # one layer's weights
     w_qkv: Weight  # [(Hq + 2*Hkv)*D, H]: rows q, then k, then v
     wo: Weight  # [H, Hq*D]
     mlp_norm: jax.Array  # [H]
-    w_gate_up: Weight  # [2*F, H]: rows gate, then up
-    w_down: Weight  # [H, F]
+    w_gate_up: Weight = None  # [2*F, H]: rows gate, then up  (None in a mixture-of-experts layer)
+    w_down: Weight = None  # [H, F]
     b_qkv: Optional[jax.Array] = None  # [(Hq + 2*Hkv)*D]  (Qwen2)
     q_norm: Optional[jax.Array] = None  # [D]  per-head norm of q before rope (Qwen3, Gemma 3)
     k_norm: Optional[jax.Array] = None  # [D]  per-head norm of k before rope
     post_attn_norm: Optional[jax.Array] = None  # [H]  after attention, before the residual add (Gemma 2/3)
     post_mlp_norm: Optional[jax.Array] = None  # [H]  after the MLP, before the residual add (Gemma 2/3)
+    # a mixture-of-experts layer (model/moe.py), in place of w_gate_up / w_down
+    router: Optional[jax.Array] = None  # [E, H]
+    w_experts_gate_up: Optional[jax.Array] = None  # [E, 2*I, H]: per expert, rows gate then up
+    w_experts_down: Optional[jax.Array] = None  # [E, H, I]
+    w_shared_gate_up: Optional[jax.Array] = None  # [2*S, H]  Qwen2-MoE's shared expert
+    w_shared_down: Optional[jax.Array] = None  # [H, S]
+    shared_gate: Optional[jax.Array] = None  # [1, H]  its per-token gate, sigmoid(x @ shared_gate.T)
 
 
 @struct.dataclass
@@ -62,19 +70,27 @@ LINEAR_FIELDS = ("w_qkv", "wo", "w_gate_up", "w_down")
 NORM_FIELDS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")  # the LayerParams fields that hold any weight format
 
 # fused LayerParams field -> the checkpoint fields joined along the output axis, in this order
-FUSED_FIELDS = {"w_qkv": ("wq", "wk", "wv"), "b_qkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
+FUSED_FIELDS = {"w_qkv": ("wq", "wk", "wv"), "b_qkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up"),
+                "w_shared_gate_up": ("w_shared_gate", "w_shared_up")}
 _FUSED_PARTS = {part for parts in FUSED_FIELDS.values() for part in parts}
+# a MoE layer's per-expert checkpoint fields "expert.{e}.{part}" -> the stacked [E, ...] field they make
+EXPERT_PARTS = {"w_experts_gate_up": ("gate", "up"), "w_experts_down": ("down",)}
 
 
-def checkpoint_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of one layer's tensors as checkpoints store them (q, k, v, gate and up apart, unless the family's
-    checkpoints fuse them: Phi-3), without [L]; the family's extra norms included (architecture.py)."""
+def checkpoint_layer_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[int, ...]]:
+    """Shape of layer `layer`'s tensors as checkpoints store them (q, k, v, gate and up apart, unless the family's
+    checkpoints fuse them: Phi-3; a MoE layer's experts one by one), without [L]; the family's extra norms
+    included (architecture.py)."""
     h, f, d, arch = config.hidden_size, config.intermediate_size, config.head_dim, config.arch
     q, kv = config.num_heads * d, config.num_kv_heads * d
     shapes = {
         "attn_norm": (h,), "wq": (q, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, q),
         "mlp_norm": (h,), "w_gate": (f, h), "w_up": (f, h), "w_down": (h, f),
     }
+    if config.is_moe_layer(layer):
+        for name in ("w_gate", "w_up", "w_down"):
+            del shapes[name]
+        shapes.update(_expert_shapes(config))
     if arch.fused_checkpoint:
         for name in ("wq", "wk", "wv", "w_gate", "w_up"):
             del shapes[name]
@@ -88,23 +104,58 @@ def checkpoint_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def layer_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of one layer's slice of each LayerParams field (fused, without the [L] axis)."""
-    parts = checkpoint_layer_shapes(config)
-    shapes = {k: v for k, v in parts.items() if k not in _FUSED_PARTS}
+def _expert_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """A MoE layer's router, each expert's gate/up/down (checkpoint field "expert.{e}.{part}") and the shared
+    expert with its gate where the family has one."""
+    h, i, s = config.hidden_size, config.moe_intermediate_size, config.shared_expert_intermediate_size
+    shapes = {"router": (config.num_experts, h)}
+    for e in range(config.num_experts):
+        shapes.update({expert_field(e, "gate"): (i, h), expert_field(e, "up"): (i, h), expert_field(e, "down"): (h, i)})
+    if config.arch.shared_expert:
+        shapes.update(w_shared_gate=(s, h), w_shared_up=(s, h), w_shared_down=(h, s), shared_gate=(1, h))
+    return shapes
+
+
+def expert_field(expert: int, part: str) -> str:
+    """The checkpoint field of one expert's gate, up or down weight (stacked into EXPERT_PARTS' fields)."""
+    return f"expert.{expert}.{part}"
+
+
+def layer_param_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[int, ...]]:
+    """Shape of layer `layer`'s slice of each LayerParams field (fused and stacked, without the [L] axis)."""
+    parts = checkpoint_layer_shapes(config, layer)
+    shapes = {k: v for k, v in parts.items() if k not in _FUSED_PARTS and not k.startswith("expert.")}
     for fused, names in FUSED_FIELDS.items():
         if names[0] in parts and fused not in parts:
             shapes[fused] = (sum(parts[n][0] for n in names), *parts[names[0]][1:])
+    if config.is_moe_layer(layer):
+        h, i = config.hidden_size, config.moe_intermediate_size
+        shapes.update(w_experts_gate_up=(config.num_experts, 2 * i, h), w_experts_down=(config.num_experts, h, i))
     return shapes
 
 
 def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One layer's checkpoint-field arrays [out, ...] -> its LayerParams-field arrays (fused on the out axis)."""
-    fused = {k: v for k, v in tensors.items() if k not in _FUSED_PARTS}
+    """One layer's checkpoint-field arrays [out, ...] -> its LayerParams-field arrays (fused on the out axis; a MoE
+    layer's experts stacked into [E, ...])."""
+    fused = {k: v for k, v in tensors.items() if k not in _FUSED_PARTS and not k.startswith("expert.")}
     for name, parts in FUSED_FIELDS.items():
         if parts[0] in tensors:
             fused[name] = weights.concat_rows([tensors[p] for p in parts], axis=0)
+    num_experts = sum(1 for k in tensors if k.endswith(".down") and k.startswith("expert."))
+    for name, parts in EXPERT_PARTS.items():
+        if num_experts:
+            fused[name] = _stack_experts(tensors, parts, num_experts)
     return fused
+
+
+def _stack_experts(tensors: dict[str, np.ndarray], parts: tuple[str, ...], num_experts: int) -> np.ndarray:
+    """Each expert's parts [rows, K] joined on their rows, the experts stacked: [E, sum of rows, K], written once
+    into aligned memory (dense weights: expert weights have no other format)."""
+    first = [tensors[expert_field(0, p)] for p in parts]
+    out = aligned_empty((num_experts, sum(a.shape[0] for a in first), *first[0].shape[1:]), first[0].dtype)
+    for e in range(num_experts):
+        np.concatenate([tensors[expert_field(e, p)] for p in parts], axis=0, out=out[e])
+    return out
 
 
 def global_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -117,16 +168,18 @@ def global_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def param_count(config: ModelConfig) -> int:
     """The number of parameters the config's shapes make (computed from the shapes: nothing is allocated)."""
-    layer = sum(math.prod(s) for s in checkpoint_layer_shapes(config).values())
+    layers = sum(math.prod(s) for i in range(config.num_layers) for s in checkpoint_layer_shapes(config, i).values())
     top = sum(math.prod(s) for s in global_param_shapes(config).values())
-    return top + config.num_layers * layer
+    return top + layers
 
 
 def abstract_params(config: ModelConfig, dtype) -> LlamaParams:
     """A LlamaParams of jax.ShapeDtypeStruct leaves: the target structure for restoring checkpoints."""
-    layer = {k: jax.ShapeDtypeStruct(s, dtype) for k, s in layer_param_shapes(config).items()}
+    def layer(i: int) -> LayerParams:
+        return LayerParams(**{k: jax.ShapeDtypeStruct(s, dtype) for k, s in layer_param_shapes(config, i).items()})
+
     top = {k: jax.ShapeDtypeStruct(s, dtype) for k, s in global_param_shapes(config).items()}
-    return LlamaParams(layers=tuple(LayerParams(**layer) for _ in range(config.num_layers)), **top)
+    return LlamaParams(layers=tuple(layer(i) for i in range(config.num_layers)), **top)
 
 
 def random_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> LlamaParams:

@@ -13,6 +13,17 @@ of w_gate_up [its gate rows | its up rows], so an even split of the fused axis h
 At N = 1 that is the ordinary layout. The KV pool holds max(Hkv, N) heads, split evenly over the devices.
 
 Which mesh axis each parameter axis is split over is one table, PARAM_AXES (logical axis names) + AXIS_RULES.
+
+Mixture of experts (model/moe.py): the router is replicated. Without expert parallelism every expert is split like
+the dense MLP, on its intermediate axis (w_experts_gate_up shard-major per expert: device s holds its gate rows
+then its up rows of each expert). With it (config.expert_parallel, EXPERT_PARALLEL_RULES) each device holds E/N
+whole experts while attention, dense layers and Qwen2-MoE's shared expert stay split as above. Activations are
+replicated at the MLP's input under this tensor parallelism, so each device runs its own experts on every token
+(the router's global ids shifted by its first expert; the other devices' ids fall outside [0, E/N) and contribute
+nothing) and the MLP's existing all-reduce sums the devices' partial outputs: an all-gather + psum scheme. An
+all-to-all dispatch would move each token to its experts' devices, which pays only where tokens are sharded
+(data-parallel attention); here every device already has every token, so the all-to-all would add two
+collectives for nothing and the one psum is what the dense MLP already does.
 """
 
 from __future__ import annotations
@@ -44,14 +55,20 @@ PARAM_AXES = {
     "w_qkv": ("heads", "embed"), "b_qkv": ("heads",), "wo": ("embed", "heads"),
     "w_gate_up": ("mlp", "embed"), "w_down": ("embed", "mlp"),
     "q_norm": ("head_dim",), "k_norm": ("head_dim",), "post_attn_norm": ("embed",), "post_mlp_norm": ("embed",),
+    "router": ("experts_replicated", "embed"), "w_experts_gate_up": ("experts", "expert_mlp", "embed"),
+    "w_experts_down": ("experts", "embed", "expert_mlp"), "w_shared_gate_up": ("mlp", "embed"),
+    "w_shared_down": ("embed", "mlp"), "shared_gate": ("gate_out", "embed"),
 }
 KV_POOL_AXES = ("layers", "blocks", "kv_heads", "block_offset", "head_dim")  # [L, N, Hkv, B, D]
-AXIS_RULES = {"heads": TP_AXIS, "kv_heads": TP_AXIS, "mlp": TP_AXIS, "vocab": TP_AXIS}
+AXIS_RULES = {"heads": TP_AXIS, "kv_heads": TP_AXIS, "mlp": TP_AXIS, "vocab": TP_AXIS, "expert_mlp": TP_AXIS}
+# --enable-expert-parallel: experts split whole, each expert's intermediate axis kept on its device
+EXPERT_PARALLEL_RULES = {**{k: v for k, v in AXIS_RULES.items() if k != "expert_mlp"}, "experts": TP_AXIS}
 
 
-def spec(logical_axes: tuple[str, ...]) -> P:
+def spec(logical_axes: tuple[str, ...], expert_parallel: bool = False) -> P:
     """The PartitionSpec of an array whose axes have these logical names."""
-    return P(*(AXIS_RULES.get(axis) for axis in logical_axes))
+    rules = EXPERT_PARALLEL_RULES if expert_parallel else AXIS_RULES
+    return P(*(rules.get(axis) for axis in logical_axes))
 
 
 def check_tp_size(config: ModelConfig, tp_size: int, num_devices: int) -> None:
@@ -64,11 +81,25 @@ def check_tp_size(config: ModelConfig, tp_size: int, num_devices: int) -> None:
     # KV heads are then replicated)
     valid = [n for n in range(1, max(tp_size, num_devices) + 1)
              if config.num_heads % n == 0 and config.intermediate_size % n == 0
-             and (config.num_kv_heads % n == 0 or n % config.num_kv_heads == 0)]
+             and (config.num_kv_heads % n == 0 or n % config.num_kv_heads == 0) and _splits_experts(config, n)]
+    if tp_size not in valid and config.num_experts:
+        what = (f"{config.num_experts} experts (expert parallelism)" if config.expert_parallel else
+                f"expert width {config.moe_intermediate_size}")
+        raise ValueError(f"tensor_parallel_size {tp_size} does not split this model's {config.num_heads} query "
+                         f"heads, {config.num_kv_heads} KV heads, MLP width {config.intermediate_size}, {what} "
+                         f"and shared expert width {config.shared_expert_intermediate_size} evenly; valid sizes: "
+                         f"{', '.join(map(str, valid))}")
     if tp_size not in valid:
         raise ValueError(f"tensor_parallel_size {tp_size} does not split this model's {config.num_heads} query "
                          f"heads, {config.num_kv_heads} KV heads and MLP width {config.intermediate_size} evenly; "
                          f"valid sizes: {', '.join(map(str, valid))}")
+
+
+def _splits_experts(config: ModelConfig, n: int) -> bool:
+    """Whether n devices split the experts evenly: whole (expert parallelism) or on their intermediate axis."""
+    if config.shared_expert_intermediate_size % n:
+        return False
+    return (config.num_experts % n == 0) if config.expert_parallel else (config.moe_intermediate_size % n == 0)
 
 
 def make_mesh(tp_size: int, devices=None) -> Mesh:
@@ -87,9 +118,12 @@ def kv_heads_per_device(config: ModelConfig, tp_size: int) -> int:
 
 def local_config(config: ModelConfig, tp_size: int) -> ModelConfig:
     """The config one device's share of the model looks like (its heads and MLP columns)."""
+    experts = dict(moe_intermediate_size=config.moe_intermediate_size // (1 if config.expert_parallel else tp_size),
+                   shared_expert_intermediate_size=config.shared_expert_intermediate_size // tp_size)
     return dataclasses.replace(config, num_heads=config.num_heads // tp_size,
                                num_kv_heads=kv_heads_per_device(config, tp_size),
-                               intermediate_size=config.intermediate_size // tp_size)
+                               intermediate_size=config.intermediate_size // tp_size,
+                               **(experts if config.num_experts else {}))
 
 
 # ------------------------------------------------------------------------------------------ weight layout
@@ -101,13 +135,19 @@ def shard_major_params(params: LlamaParams, config: ModelConfig, tp_size: int) -
     layout: params are returned as they are (a tied head stays tied)."""
     if tp_size == 1:
         return params
-    qkv, gate_up = qkv_rows(config, tp_size), gate_up_rows(config, tp_size)
+    qkv = qkv_rows(config, tp_size)
+    pairs = {"w_gate_up": (config.intermediate_size, 0),  # field -> (width of gate and of up, the row axis)
+             "w_shared_gate_up": (config.shared_expert_intermediate_size, 0)}
+    if not config.expert_parallel:  # each expert split on its intermediate axis (axis 1 of [E, 2I, H])
+        pairs["w_experts_gate_up"] = (config.moe_intermediate_size, 1)
 
     def lay_out(layer: LayerParams) -> LayerParams:
-        fused = {"w_qkv": weights.take_rows(layer.w_qkv, qkv, axis=0),
-                 "w_gate_up": weights.take_rows(layer.w_gate_up, gate_up, axis=0)}
+        fused = {"w_qkv": weights.take_rows(layer.w_qkv, qkv, axis=0)}
         if layer.b_qkv is not None:
             fused["b_qkv"] = weights.take_rows(layer.b_qkv, qkv, axis=0)
+        for name, (width, axis) in pairs.items():
+            if getattr(layer, name) is not None:
+                fused[name] = weights.take_rows(getattr(layer, name), pair_rows(width, tp_size), axis=axis)
         return layer.replace(**fused)
 
     params = params.map_layers(lay_out)
@@ -133,17 +173,21 @@ def qkv_rows(config: ModelConfig, tp_size: int) -> np.ndarray:
 
 def gate_up_rows(config: ModelConfig, tp_size: int) -> np.ndarray:
     """[2F] rows of the fused gate|up axis, device by device: device s holds its gate rows, then its up rows."""
-    f = config.intermediate_size
+    return pair_rows(config.intermediate_size, tp_size)
+
+
+def pair_rows(f: int, tp_size: int) -> np.ndarray:
+    """[2f] rows of a fused gate|up axis of width f each, device by device: its gate rows, then its up rows."""
     per = f // tp_size
     return np.concatenate([start + np.arange(s * per, (s + 1) * per) for s in range(tp_size) for start in (0, f)])
 
 
-def param_shardings(params: LlamaParams, mesh: Mesh) -> LlamaParams:
-    """A NamedSharding per parameter leaf, from PARAM_AXES and AXIS_RULES; a weight format's leaves each get theirs
-    from its weights.leaf_axes."""
+def param_shardings(params: LlamaParams, mesh: Mesh, expert_parallel: bool = False) -> LlamaParams:
+    """A NamedSharding per parameter leaf, from PARAM_AXES and AXIS_RULES (EXPERT_PARALLEL_RULES with
+    expert_parallel); a weight format's leaves each get theirs from its weights.leaf_axes."""
     def shardings(name: str, w):
         axes = weights.leaf_axes(w, PARAM_AXES[name])
-        return jax.tree.map(lambda a: NamedSharding(mesh, spec(a)), axes, is_leaf=weights.is_axes)
+        return jax.tree.map(lambda a: NamedSharding(mesh, spec(a, expert_parallel)), axes, is_leaf=weights.is_axes)
 
     def per_field(tree) -> dict:
         return {f.name: shardings(f.name, getattr(tree, f.name)) for f in dataclasses.fields(tree)
@@ -163,7 +207,7 @@ def shard_params(params: LlamaParams, config: ModelConfig, mesh: Mesh,
     mesh of one device each array is put there as it is (device params already there stay where they are)."""
     laid_out = params if mesh.size == 1 else shard_major_params(jax.device_get(params), config, mesh.size)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(laid_out)
-    shardings = treedef.flatten_up_to(param_shardings(laid_out, mesh))
+    shardings = treedef.flatten_up_to(param_shardings(laid_out, mesh, config.expert_parallel))
     for (path, host), sharding in zip(leaves, shardings):
         check_even_split(jax.tree_util.keystr(path), host.shape, sharding.spec, mesh.size)
     placed = []
@@ -210,7 +254,7 @@ def forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, 
     shard_params lays them out (any params on one device), the pool from init_kv_cache; the batch is replicated.
     The engine runs this as its forward program and computes logits in its sampler program."""
     mesh = mesh or default_mesh()
-    param_specs = jax.tree.map(lambda s: s.spec, param_shardings(params, mesh))
+    param_specs = jax.tree.map(lambda s: s.spec, param_shardings(params, mesh, config.expert_parallel))
     kv_specs = KVCache(k=spec(KV_POOL_AXES), v=spec(KV_POOL_AXES))
     batch_specs = jax.tree.map(lambda _: P(), batch)
     per_device = local_config(config, mesh.size)
@@ -220,8 +264,10 @@ def forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, 
     @functools.partial(jax.shard_map, mesh=mesh, in_specs=(param_specs, kv_specs, batch_specs),
                        out_specs=(P(), kv_specs), check_vma=False)
     def step(local_params, local_kv, batch):
+        first_expert = (jax.lax.axis_index(TP_AXIS) * (config.num_experts // mesh.size)
+                        if config.expert_parallel else 0)  # the global id of this device's first expert
         return device_forward_hidden(local_params, local_kv, batch, config=per_device, kernels=kernels,
-                                     reduce=_all_reduce)
+                                     reduce=_all_reduce, first_expert=first_expert)
 
     return step(params, kv_cache, batch)
 

@@ -52,6 +52,9 @@ def check_architecture(config, method: str, source_kind: str | None = None) -> N
     only linears the AutoAWQ format stores apart. source_kind: the source's kind when known (a config.json is
     written from scratch only for the Llama-layout families)."""
     family = config.architecture
+    if config.num_experts:
+        raise ValueError(f"quantizing a mixture-of-experts model ({family}) is not supported: AWQ int4 experts "
+                         "are not implemented")
     if config.arch.fused_checkpoint:
         raise ValueError(f"AWQ checkpoints of {family} (fused qkv_proj / gate_up_proj linears) are not supported")
     if method == "awq" and (family not in AWQ_ARCHITECTURES or config.sliding_window is not None):

@@ -11,8 +11,10 @@ from jaxllm import ModelLoadError, load_model
 from jaxllm.loaders import load_checkpoint, save_checkpoint
 
 
-# rope scalings of each kind, biases, q/k norms, post-norms, windows, soft-caps and two rope bases survive it
-@pytest.mark.parametrize("ckpt_variant", ["llama3", "qwen2", "gemma3", "gemma2", "phi3", "qwen2_yarn"])
+# rope scalings of each kind, biases, q/k norms, post-norms, windows, soft-caps, two rope bases and experts (a
+# shared expert, a dense layer among sparse ones) survive it
+@pytest.mark.parametrize("ckpt_variant", ["llama3", "qwen2", "gemma3", "gemma2", "phi3", "qwen2_yarn", "qwen2_moe",
+                                         "qwen3_moe"])
 def test_round_trip(ckpt_variant, tiny_model_dir, tmp_path):
     original = load_model(tiny_model_dir(ckpt_variant)[0], dtype="bfloat16")
     save_checkpoint(tmp_path / "ckpt", original.config, original.params)

@@ -31,7 +31,8 @@ NON_DEFAULT = EngineArgs(model="some/model.gguf", dtype="bfloat16", quantization
                          attention="reference", awq_matmul="pallas", lora_matmul="reference", warmup=True,
                          disable_log_stats=True, async_scheduling=False, compilation_cache=False,
                          compilation_cache_dir="xla-cache", skip_tokenizer=True,
-                         tensor_parallel_size=2, enable_lora=True, max_loras=3, max_lora_rank=32, max_cpu_loras=5,
+                         tensor_parallel_size=2, enable_expert_parallel=True, enable_lora=True, max_loras=3,
+                         max_lora_rank=32, max_cpu_loras=5,
                          num_processes=2, process_id=1, coordinator_address="10.0.0.1:1234")
 
 
