@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import jax
 
+from pallas_kernels.moe.cpu import moe_experts_cpu
 from pallas_kernels.moe.reference import moe_experts_reference
 
-IMPLEMENTATIONS = ("reference",)
+IMPLEMENTATIONS = ("cpu", "reference")
 
 
 def moe_experts(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,
@@ -17,7 +18,9 @@ def moe_experts(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, 
     del interpret  # for the Pallas implementation
     if implementation == "reference":
         return moe_experts_reference(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
+    if implementation == "cpu":
+        return moe_experts_cpu(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
     raise ValueError(f"moe implementation {implementation!r} is unknown; choose one of {', '.join(IMPLEMENTATIONS)}")
 
 
-__all__ = ["IMPLEMENTATIONS", "moe_experts", "moe_experts_reference"]
+__all__ = ["IMPLEMENTATIONS", "moe_experts", "moe_experts_cpu", "moe_experts_reference"]
