@@ -6,7 +6,7 @@
     awq_matmul   pallas, reference         pallas on a GPU; else reference (interpret mode is far too slow for a model)
     lora_matmul  pallas, reference         pallas on a GPU; else reference
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
-    moe          cpu, reference            cpu (routed: work in proportion to the routes, not to E)
+    moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed jnp: work in proportion to the routes, not E)
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
-           "moe": ("cpu", "reference")}
+           "moe": ("cpu", "pallas", "reference")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,9 @@ def _resolve_kv_write(name: str, gpu: bool) -> str:
 
 
 def _resolve_moe(name: str, gpu: bool) -> str:
-    return "cpu" if name == "auto" else name
+    if name == "auto":
+        return "pallas" if gpu else "cpu"
+    return name
 
 
 def _cpu_or_reference() -> str:

@@ -39,7 +39,7 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
 def test_auto_on_a_gpu_is_pallas_everywhere(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert select_kernels() == Kernels(attention="pallas", awq_matmul="pallas", lora_matmul="pallas",
-                                       kv_write="reference", moe="cpu", interpret=False)
+                                       kv_write="reference", moe="pallas", interpret=False)
 
 
 def test_each_operation_can_be_forced(monkeypatch):
