@@ -11,6 +11,7 @@ from pallas_kernels.moe import moe_experts, moe_experts_reference
 from pallas_kernels.moe.kernel import moe_experts_pallas, pallas_block_m
 from pallas_kernels.moe.layout import num_tiles
 from pallas_kernels.moe.testing import TOLERANCE, random_case, relative_error
+from tests.cuda_lowering import lower_for_cuda
 
 H, INTER = 32, 48  # INTER is not a multiple of block_n: the last column tile is masked
 KNOBS = dict(block_n=32, block_k=16)
@@ -61,3 +62,12 @@ def test_bad_knobs_are_refused():
         moe_experts_pallas(*case, interpret=True, block_z=16)
     with pytest.raises(ValueError, match="block_n must be a power of two >= 16"):
         moe_experts_pallas(*case, interpret=True, block_n=24)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_lowers_to_two_triton_kernels(dtype):
+    """The Pallas -> Triton IR lowering for CUDA (on this jax line), at decode and prefill tile sizes."""
+    for num_tokens in (2, 64):
+        case = random_case(0, num_tokens, 2, 8, 64, 96, dtype)
+        text = lower_for_cuda(jax.jit(moe_experts_pallas), *case)
+        assert text.count("__gpu$xla.gpu.triton") == 2
