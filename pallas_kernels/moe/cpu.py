@@ -38,6 +38,8 @@ def moe_experts_cpu(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Arr
     """reference.py's contract, routed: [T, H] -> [T, H] in x.dtype."""
     num_experts = w_gate_up.shape[0]
     top_k = expert_ids.shape[1]
+    if expert_ids.size == 0:  # no tokens (or k = 0): nothing routed
+        return jnp.zeros_like(x)
     block_m = block_m or cpu_block_m(expert_ids.size, num_experts)
     layout = build_layout(expert_ids, num_experts, block_m)
     x_rows = gather_rows(x, layout, top_k)  # [P, H]

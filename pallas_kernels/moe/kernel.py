@@ -55,6 +55,8 @@ def moe_experts_pallas(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.
     if unknown:
         raise TypeError(f"unknown moe knobs {sorted(unknown)}")
     num_experts, top_k = w_gate_up.shape[0], expert_ids.shape[1]
+    if expert_ids.size == 0:  # no tokens (or k = 0): nothing routed
+        return jnp.zeros_like(x)
     block_m = knobs.get("block_m") or pallas_block_m(expert_ids.size, num_experts)
     tiles = dict(block_m=block_m, block_n=knobs.get("block_n", 64), block_k=knobs.get("block_k", 64))
     _check(tiles)

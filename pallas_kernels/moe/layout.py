@@ -71,7 +71,7 @@ def combine(out_rows: jax.Array, layout: Layout, expert_ids: jax.Array, expert_w
     weight * output in float32, rounded once; a dropped route adds nothing (its weight is never read)."""
     num_tokens, top_k = expert_ids.shape
     per_route = jnp.take(out_rows, layout.route_row, axis=0, mode="fill", fill_value=0)  # [R, H]
-    per_route = per_route.reshape(num_tokens, top_k, -1).astype(jnp.float32)  # [T, k, H]
+    per_route = per_route.reshape(num_tokens, top_k, out_rows.shape[1]).astype(jnp.float32)  # [T, k, H]
     kept = (layout.route_row < out_rows.shape[0]).reshape(num_tokens, top_k)  # [T, k]
     weights = jnp.where(kept, expert_weights.astype(jnp.float32), 0.0)  # [T, k]
     return jnp.einsum("tk,tkh->th", weights, per_route).astype(dtype)

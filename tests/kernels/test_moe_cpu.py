@@ -36,6 +36,11 @@ def test_all_routes_out_of_range_give_zero():
     assert np.all(np.asarray(moe_experts_cpu(*case)) == 0)
 
 
+def test_no_tokens():
+    case = random_case(0, 0, 2, 4, H, INTER, jnp.float32, "one")
+    assert moe_experts_cpu(*case).shape == (0, H)
+
+
 def test_gelu_tanh_activation():
     case = random_case(1, 6, 2, 4, H, INTER, jnp.float32)
     got = moe_experts_cpu(*case, activation="gelu_tanh")

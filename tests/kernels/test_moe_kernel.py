@@ -56,6 +56,11 @@ def test_each_launch_carries_the_padded_routed_flops():
     assert costs["moe_down"].flops == 2 * rows * inter * hidden
 
 
+def test_no_tokens():
+    case = random_case(0, 0, 2, 4, H, INTER, jnp.float32, "one")
+    assert moe_experts_pallas(*case, interpret=True).shape == (0, H)
+
+
 def test_bad_knobs_are_refused():
     case = random_case(0, 2, 1, 2, H, INTER, jnp.float32)
     with pytest.raises(TypeError, match="unknown moe knobs"):
