@@ -6,7 +6,7 @@
     awq_matmul   pallas, reference         pallas on a GPU; else reference (interpret mode is far too slow for a model)
     lora_matmul  pallas, reference         pallas on a GPU; else reference
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
-    moe          reference                 reference (the routed implementations come with pallas_kernels/moe)
+    moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed jnp: work follows the routes, not E)
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
-           "moe": ("reference",)}
+           "moe": ("cpu", "pallas", "reference")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +52,13 @@ REFERENCE = Kernels()  # plain jnp everywhere: the ground truth
 
 
 def select_kernels(attention: str = "auto", awq_matmul: str = "auto", lora_matmul: str = "auto",
-                   kv_write: str = "auto") -> Kernels:
+                   kv_write: str = "auto", moe: str = "auto") -> Kernels:
     """Each "auto" resolved for this backend (the module docstring); an explicit choice that cannot run here is a
     ValueError that says why."""
     gpu = on_gpu()
     return Kernels(attention=resolve_attention(attention),
                    awq_matmul=_pallas_on_gpu(awq_matmul, gpu), lora_matmul=_pallas_on_gpu(lora_matmul, gpu),
-                   kv_write=_resolve_kv_write(kv_write, gpu), interpret=not gpu)
+                   kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu), interpret=not gpu)
 
 
 def resolve_attention(name: str) -> str:
@@ -89,6 +89,12 @@ def _resolve_kv_write(name: str, gpu: bool) -> str:
         return "reference" if gpu or cpu_write_kv_error() is not None else "cpu"
     if name == "cpu" and (error := cpu_write_kv_error()) is not None:
         raise ValueError(f"kv_write 'cpu' cannot run here: {error}")
+    return name
+
+
+def _resolve_moe(name: str, gpu: bool) -> str:
+    if name == "auto":
+        return "pallas" if gpu else "cpu"
     return name
 
 

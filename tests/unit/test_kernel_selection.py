@@ -33,18 +33,18 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
     monkeypatch.setattr(kernels, "cpu_kernel_error", lambda: None)
     monkeypatch.setattr(kernels, "cpu_write_kv_error", lambda: None)
     assert select_kernels() == Kernels(attention="cpu", awq_matmul="reference", lora_matmul="reference",
-                                       kv_write="cpu", interpret=True)
+                                       kv_write="cpu", moe="cpu", interpret=True)
 
 
 def test_auto_on_a_gpu_is_pallas_everywhere(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert select_kernels() == Kernels(attention="pallas", awq_matmul="pallas", lora_matmul="pallas",
-                                       kv_write="reference", interpret=False)
+                                       kv_write="reference", moe="pallas", interpret=False)
 
 
 def test_each_operation_can_be_forced(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert select_kernels("reference", "reference", "reference") == Kernels(interpret=False)
+    assert select_kernels("reference", "reference", "reference", moe="reference") == Kernels(interpret=False)
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     forced = select_kernels("pallas", "pallas", "pallas", "reference")
     assert (forced.attention, forced.awq_matmul, forced.lora_matmul, forced.kv_write) == ("pallas",) * 3 + \

@@ -1,0 +1,96 @@
+"""The routed MoE experts step on CPU against a dense gated MLP of the same active width, float32, jitted.
+
+    python benchmarks/moe_cpu.py [--experts 8 32 64] [--tokens 1 8 64 256] [--hidden 1024] [--inter 1024]
+                                 [--top-k 2] [--repeats 7]
+
+For each E: random weights [E, 2I, H] / [E, H, I] and, per T, a uniform top-k routing (k distinct experts per
+token, as a router's top-k of random logits gives). The dense MLP has intermediate k*I (the active width of one
+token). Times are medians of interleaved rounds (both see the same machine state), so the ratio moe / dense is the
+figure to read; the jnp reference (every expert on every token) runs beside them. Also printed: the distinct experts
+the step touches, and `weight bytes` = touched / k, the expert weight bytes the step must read over the dense MLP's
+(a decode step on a CPU is bound by weight reads, so no routed implementation gets below that ratio there).
+Prints a table and a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pallas_kernels.moe import moe_experts_cpu, moe_experts_reference  # noqa: E402
+from pallas_kernels.moe.cpu import expert_mlp  # noqa: E402
+
+
+def dense_mlp(x, w_gate_up, w_down):
+    """The dense gated MLP: x [T, H], w_gate_up [2kI, H], w_down [H, kI] -> [T, H]."""
+    return expert_mlp(x, w_gate_up, w_down, "silu")
+
+
+def median_ms(fns: dict, args: dict, repeats: int) -> dict:
+    """Interleaved rounds of every fn on its args; the median milliseconds of each."""
+    for name, fn in fns.items():
+        jax.block_until_ready(fn(*args[name]))  # compile
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args[name]))
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def run(experts: int, tokens: int, hidden: int, inter: int, top_k: int, weights, dense, repeats: int) -> dict:
+    rng = np.random.default_rng(tokens)
+    x = jnp.asarray(rng.standard_normal((tokens, hidden), np.float32))  # [T, H]
+    ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])  # [T, k]
+    route_weights = jnp.asarray(rng.random((tokens, top_k), np.float32))  # [T, k]
+    fns = {"moe": jax.jit(moe_experts_cpu), "dense": jax.jit(dense_mlp), "reference": jax.jit(moe_experts_reference)}
+    moe_args = (x, jnp.asarray(ids, jnp.int32), route_weights, *weights)
+    ms = median_ms(fns, {"moe": moe_args, "dense": (x, *dense), "reference": moe_args}, repeats)
+    touched = len(np.unique(ids))
+    return dict(experts=experts, tokens=tokens, moe_ms=ms["moe"], dense_ms=ms["dense"], reference_ms=ms["reference"],
+                ratio=ms["moe"] / ms["dense"], reference_ratio=ms["reference"] / ms["dense"], touched=touched,
+                weight_bytes_ratio=touched / top_k)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experts", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--inter", type=int, default=1024)
+    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    h, i, k = args.hidden, args.inter, args.top_k
+    key = jax.random.PRNGKey(0)
+    dense = (jax.random.normal(key, (2 * k * i, h)) / h ** 0.5, jax.random.normal(key, (h, k * i)) / (k * i) ** 0.5)
+    rows = []
+    print(f"H={h} I={i} top-{k} float32; dense MLP intermediate {k * i}; median ms of {args.repeats} rounds")
+    print(f"{'E':>4} {'T':>5} {'moe ms':>9} {'dense ms':>9} {'ratio':>6} {'reference ms':>12} {'ratio':>6} "
+          f"{'touched':>8} {'weight bytes':>12}")
+    for experts in args.experts:
+        weights = (jax.random.normal(key, (experts, 2 * i, h)) / h ** 0.5,
+                   jax.random.normal(key, (experts, h, i)) / i ** 0.5)
+        for tokens in args.tokens:
+            row = run(experts, tokens, h, i, k, weights, dense, args.repeats)
+            rows.append(row)
+            print(f"{experts:>4} {tokens:>5} {row['moe_ms']:>9.2f} {row['dense_ms']:>9.2f} {row['ratio']:>6.2f} "
+                  f"{row['reference_ms']:>12.2f} {row['reference_ratio']:>6.2f} {row['touched']:>8} "
+                  f"{row['weight_bytes_ratio']:>12.1f}")
+        del weights
+    print(json.dumps({"hidden": h, "inter": i, "top_k": k, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
