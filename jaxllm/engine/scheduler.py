@@ -23,8 +23,8 @@ keeps its pending token (update appends it while it waits) and is not admitted a
 Speculative decoding (speculative_config): a decoding request whose tokens are all known (none pending) gets
 proposals d1 .. dk (n-gram ones, or a draft model's, made for all such requests in one batch first); its chunk
 is 1 + k tokens (its newest token and the proposals: SchedulerOutput.scheduled_spec_decode_tokens), all
-counted as computed and allocated for, and it is not scheduled again until update() has verified them. Then the rejected proposals are rolled back: num_computed_tokens loses them, the
-accepted run is appended token by token under the stop rules (EOS, stop ids, max_tokens end it inside the run),
+counted as computed and allocated for, and it is not scheduled again until update() has verified them. Then the
+rejected proposals are rolled back: num_computed_tokens loses them, the accepted run is appended token by token under the stop rules (EOS, stop ids, max_tokens end it inside the run),
 and only then are full blocks registered in the prefix cache, so no rejected token is ever hashed. The blocks
 allocated for rejected positions stay the request's (its next steps fill them; its end frees them); the K/V
 written there is overwritten when those positions are computed again. Proposals take sampler rows: at most
@@ -271,7 +271,8 @@ class Scheduler:
 
     def _propose(self, request: Request, max_rows: int) -> list[int]:
         """Its proposals (n-gram ones, or the draft model's made this step): at most k, the rows given, and what
-        its length limit leaves after the token verification always yields. A step without proposals counts as an eligible step that accepted none."""
+        its length limit leaves after the token verification always yields. A step without
+        proposals counts as an eligible step that accepted none."""
         spec = self.speculative
         k = min(spec.num_speculative_tokens, max_rows, request.length_limit - request.num_tokens - 1)
         if self.proposer is not None:
