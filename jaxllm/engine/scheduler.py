@@ -21,14 +21,15 @@ reported. Requests at their length limit with a token pending are not scheduled 
 keeps its pending token (update appends it while it waits) and is not admitted again before it arrives.
 
 Speculative decoding (speculative_config): a decoding request whose tokens are all known (none pending) gets
-proposals d1 .. dk (n-gram ones, or a draft model's, made for all such requests in one batch first); its chunk
-is 1 + k tokens (its newest token and the proposals: SchedulerOutput.scheduled_spec_decode_tokens), all
-counted as computed and allocated for, and it is not scheduled again until update() has verified them. Then the
-rejected proposals are rolled back: num_computed_tokens loses them, the accepted run is appended token by token
-under the stop rules (EOS, stop ids, max_tokens end it inside the run), and only then are full blocks registered in the prefix cache, so no rejected token is ever hashed. The blocks
-allocated for rejected positions stay the request's (its next steps fill them; its end frees them); the K/V
-written there is overwritten when those positions are computed again. Proposals take sampler rows: at most
-max_num_seqs rows per step, so k is capped by the rows no running or waiting request can need.
+proposals d1 .. dk (n-gram ones, or a draft model's, made for all such requests in one batch first); its chunk is
+1 + k tokens (its newest token and the proposals: SchedulerOutput.scheduled_spec_decode_tokens), all counted as
+computed and allocated for, and it is not scheduled again until update() has verified them. Then the rejected
+proposals are rolled back: num_computed_tokens loses them, the accepted run is appended token by token under the
+stop rules (EOS, stop ids, max_tokens end it inside the run), and only then are full blocks registered in the
+prefix cache, so no rejected token is ever hashed. The blocks allocated for rejected positions stay the request's
+(its next steps fill them; its end frees them); the K/V written there is overwritten when those positions are
+computed again. Proposals take sampler rows: at most max_num_seqs rows per step, so k is capped by the rows no
+running or waiting request can need.
 """
 
 from __future__ import annotations
