@@ -136,8 +136,8 @@ class LLMEngine:
         check_draft(spec.model, draft.config, str(args.model), self.model_config,
                     self.scheduler_config.max_model_len, tp_size)
         _, draft = _place(draft, 1)
-        return DraftProposer.build(draft, self.scheduler_config, self.cache_config, seed=args.seed,
-                                   kernels=kernels, mesh=self.mesh)
+        return DraftProposer.build(draft, self.scheduler_config, self.cache_config, spec.num_speculative_tokens,
+                                   seed=args.seed, kernels=kernels, mesh=self.mesh)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,

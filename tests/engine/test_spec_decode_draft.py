@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
 from jaxllm.compile_counter import CompileCounter
+from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.spec_decode.draft_model import check_draft, draft_num_blocks
 from tests.engine.test_spec_decode import _engine, _run_workload
 from tests.engine.test_warmup import MAX_MODEL_LEN
 from tests.tiny_models import TOKENIZER_MODEL_CONFIG, _tiny_llama_weights
@@ -79,6 +82,19 @@ def test_a_draft_with_a_shorter_context_is_refused(tiny_model_with_tokenizer, tm
     with pytest.raises(ValueError, match=rf"draft model '{draft}' has a context of 64 tokens.*target model "
                                          rf"'{tiny_model_with_tokenizer}''s max_model_len {MAX_MODEL_LEN}"):
         _engine(tiny_model_with_tokenizer, _spec(draft))
+
+
+def test_a_tensor_parallel_target_with_a_draft_is_refused():
+    config = SimpleNamespace(vocab_size=256, max_position_embeddings=128)
+    with pytest.raises(ValueError, match="draft model with tensor_parallel_size 2 is not supported.*'d'"):
+        check_draft("d", config, "t", config, 96, tensor_parallel_size=2)
+    check_draft("d", config, "t", config, 128, tensor_parallel_size=1)
+
+
+def test_the_draft_pool_holds_the_targets_blocks_up_to_what_its_sequences_can_fill():
+    scheduler = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=96)
+    assert draft_num_blocks(scheduler, CacheConfig(block_size=8, num_blocks=32), k=3) == 32
+    assert draft_num_blocks(scheduler, CacheConfig(block_size=8, num_blocks=1000), k=3) == 1 + 4 * 13  # 98 / 8
 
 
 def test_a_draft_with_lora_is_refused(tiny_model_with_tokenizer):
