@@ -169,6 +169,20 @@ def test_after_warmup_a_draft_model_compiles_nothing(tiny_model_with_tokenizer, 
     _check_draft_released(engine)
 
 
+@pytest.mark.slow
+def test_llm_takes_a_draft_model(tiny_model_with_tokenizer, small_draft):
+    from jaxllm.llm import LLM
+    settings = dict(max_model_len=MAX_MODEL_LEN, block_size=8, max_num_seqs=4, num_gpu_blocks=32)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in _random_prompts(seed=11, count=1)]
+    plain = LLM(str(tiny_model_with_tokenizer), **settings).generate(prompts, params, use_tqdm=False)
+    llm = LLM(str(tiny_model_with_tokenizer), speculative_config={"method": "draft_model", "model": str(small_draft),
+                                                                   "num_speculative_tokens": 2}, **settings)
+    drafted = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.stats()["spec_decode_num_draft_tokens"] > 0
+
+
 def test_the_server_flag_takes_a_draft_model(tiny_model_with_tokenizer):
     from jaxllm.entrypoints.cli import build_parser
     spec = json.dumps({"method": "draft_model", "model": "d", "num_speculative_tokens": 2})
