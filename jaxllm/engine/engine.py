@@ -57,7 +57,7 @@ from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.spec_decode.config import SpeculativeConfig
-from jaxllm.spec_decode.draft_model import DraftProposer, check_draft
+from jaxllm.spec_decode.draft_model import DraftProposer, check_draft, check_draft_parallel
 from jaxllm.structured_outputs.compiler import GrammarCompiler
 from jaxllm.structured_outputs.params import StructuredOutputsConfig
 from jaxllm.structured_outputs.request_state import ReasoningGate, RequestGrammar, step_bitmask
@@ -131,10 +131,9 @@ class LLMEngine:
         if self.lora is not None:
             raise ValueError("speculative_config: a draft model with enable_lora is not supported (the draft "
                              "would propose without the requests' adapters)")
-        tp_size = self.parallel_config.tensor_parallel_size
+        check_draft_parallel(spec.model, self.parallel_config.tensor_parallel_size)
         draft = load_host_model(spec.model, dtype=args.dtype)
-        check_draft(spec.model, draft.config, str(args.model), self.model_config,
-                    self.scheduler_config.max_model_len, tp_size)
+        check_draft(spec.model, draft.config, str(args.model), self.model_config, self.scheduler_config.max_model_len)
         _, draft = _place(draft, 1)
         return DraftProposer.build(draft, self.scheduler_config, self.cache_config, spec.num_speculative_tokens,
                                    seed=args.seed, kernels=kernels, mesh=self.mesh)

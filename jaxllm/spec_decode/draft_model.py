@@ -46,8 +46,14 @@ class DraftState:
     num_computed_tokens: int = 0  # those of `fed` still valid (KVCacheManager reads this name)
 
 
-def check_draft(draft_name: str, draft_config, target_name: str, target_config, max_model_len: int,
-                tensor_parallel_size: int) -> None:
+def check_draft_parallel(draft_name: str, tensor_parallel_size: int) -> None:
+    """ValueError for a split target (checked before the draft is loaded)."""
+    if tensor_parallel_size != 1:
+        raise ValueError(f"speculative_config: a draft model with tensor_parallel_size {tensor_parallel_size} is "
+                         f"not supported (the draft model {draft_name!r} runs on one device, with a target on one)")
+
+
+def check_draft(draft_name: str, draft_config, target_name: str, target_config, max_model_len: int) -> None:
     """ValueError for a draft that cannot propose for this target."""
     if draft_config.vocab_size != target_config.vocab_size:
         raise ValueError(f"speculative_config: the draft model {draft_name!r} has vocab_size "
@@ -57,9 +63,6 @@ def check_draft(draft_name: str, draft_config, target_name: str, target_config, 
         raise ValueError(f"speculative_config: the draft model {draft_name!r} has a context of "
                          f"{draft_config.max_position_embeddings} tokens (max_position_embeddings), shorter than "
                          f"the target model {target_name!r}'s max_model_len {max_model_len}")
-    if tensor_parallel_size != 1:
-        raise ValueError(f"speculative_config: a draft model with tensor_parallel_size {tensor_parallel_size} is "
-                         f"not supported (the draft model {draft_name!r} runs on one device, with a target on one)")
 
 
 def draft_num_blocks(scheduler: SchedulerConfig, cache: CacheConfig, k: int) -> int:

@@ -20,7 +20,7 @@ from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine
 from jaxllm.sampling_params import SamplingParams
-from jaxllm.spec_decode.draft_model import check_draft, draft_num_blocks
+from jaxllm.spec_decode.draft_model import check_draft, check_draft_parallel, draft_num_blocks
 from tests.engine.test_spec_decode import _engine, _run_workload
 from tests.engine.test_warmup import MAX_MODEL_LEN
 from tests.tiny_models import TOKENIZER_MODEL_CONFIG, _tiny_llama_weights
@@ -85,10 +85,11 @@ def test_a_draft_with_a_shorter_context_is_refused(tiny_model_with_tokenizer, tm
 
 
 def test_a_tensor_parallel_target_with_a_draft_is_refused():
-    config = SimpleNamespace(vocab_size=256, max_position_embeddings=128)
     with pytest.raises(ValueError, match="draft model with tensor_parallel_size 2 is not supported.*'d'"):
-        check_draft("d", config, "t", config, 96, tensor_parallel_size=2)
-    check_draft("d", config, "t", config, 128, tensor_parallel_size=1)
+        check_draft_parallel("d", 2)
+    check_draft_parallel("d", 1)
+    config = SimpleNamespace(vocab_size=256, max_position_embeddings=128)
+    check_draft("d", config, "t", config, 128)  # the same vocabulary, context enough
 
 
 def test_the_draft_pool_holds_the_targets_blocks_up_to_what_its_sequences_can_fill():
