@@ -4,7 +4,10 @@ token-id prompts decoded greedily (where the small model tends to fall into loop
 random prompts sampled at temperature 1 with seeds (where proposals rarely match). Requests alternate between the two engines, so both see the same
 machine load.
 
-    python benchmarks/spec_decode.py [--max-tokens 96] [--num-prompts 3] [--k 4]
+    python benchmarks/spec_decode.py [--max-tokens 96] [--num-prompts 3] [--k 4] [--draft-self]
+
+--draft-self adds a third engine whose draft model is the default model itself: a correctness and overhead
+measurement (every greedy proposal is accepted, and each step runs the same model k more times), not a speedup.
 
 Decode tokens/s per engine: tokens after the first over the time from the first token to the last, summed over
 the requests; also each workload's acceptance (accepted / proposed tokens) and the ratio of the two rates.
@@ -19,6 +22,7 @@ import time
 import numpy as np
 
 from jaxllm.llm import LLM
+from jaxllm.loaders import resolve_model
 from jaxllm.sampling_params import SamplingParams
 
 TEXTS = [
@@ -43,10 +47,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--num-prompts", type=int, default=3)
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--draft-self", action="store_true", help="also the default model as its own draft")
     args = parser.parse_args()
     common = dict(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=256, disable_log_stats=True, warmup=True)
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     engines = {"plain": LLM(**common), "ngram": LLM(**common, speculative_config=spec)}
+    if args.draft_self:
+        draft = {"model": str(resolve_model(None).path), "num_speculative_tokens": args.k}
+        engines["draft-self"] = LLM(**common, speculative_config=draft)
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     rng = np.random.RandomState(0)
     workloads = {
@@ -63,7 +71,7 @@ def main() -> None:
     report = {}
     for name, prompts in workloads.items():
         totals = {engine: [0, 0.0] for engine in engines}
-        before = engines["ngram"].engine.stats()
+        before = {engine: llm.engine.stats() for engine, llm in engines.items()}
         for i, prompt in enumerate(prompts):
             for engine, llm in engines.items():
                 run = llm.chat if name == "repetitive" else llm.generate
@@ -71,14 +79,15 @@ def main() -> None:
                 tokens, seconds = decode_rate(outputs)
                 totals[engine][0] += tokens
                 totals[engine][1] += seconds
-        after = engines["ngram"].engine.stats()
-        proposed = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
-        accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
         rates = {engine: tokens / seconds for engine, (tokens, seconds) in totals.items()}
-        report[name] = {"decode_tok_s": {e: round(r, 1) for e, r in rates.items()},
-                        "speedup": round(rates["ngram"] / rates["plain"], 2),
-                        "acceptance": round(accepted / proposed, 3) if proposed else None,
-                        "proposed": proposed, "accepted": accepted}
+        report[name] = {"decode_tok_s": {e: round(r, 1) for e, r in rates.items()}}
+        for engine in engines.keys() - {"plain"}:
+            after = engines[engine].engine.stats()
+            proposed, accepted = (after[key] - before[engine][key] for key in ("spec_decode_num_draft_tokens",
+                                                                               "spec_decode_num_accepted_tokens"))
+            report[name][engine] = {"speedup": round(rates[engine] / rates["plain"], 2),
+                                    "acceptance": round(accepted / proposed, 3) if proposed else None,
+                                    "proposed": proposed, "accepted": accepted}
         print(name, json.dumps(report[name]), flush=True)
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **report}))
 

@@ -118,7 +118,7 @@ class EngineArgs:
     speculative_config: dict | None = _arg(None, "JSON object of speculative decoding settings (vLLM's): "
                                                  "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                                                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}' "
-                                                 "(n-gram proposals only; a draft model is not supported)",
+                                                 "or a draft model: '{\"model\": PATH, \"num_speculative_tokens\": 4}'",
                                            parse=_json_object_checked_by(SpeculativeConfig.from_dict))
     attention: str = _arg("auto", "paged attention backend; auto: pallas on a GPU, else cpu (the native "
                                           "kernel, built at first use) or reference where it cannot be built",

@@ -12,7 +12,8 @@ and sends the sampler, while the device runs the step's forward.
 A token sampled for a request that step t stopped is dropped, so outputs are those of one step at a time. Every
 mix of requests is scheduled ahead: penalties are counted on the device (the runner's LogitState).
 
-Speculative decoding (speculative_config): n-gram proposals are made from the host's tokens, so while a running
+Speculative decoding (speculative_config): proposals (n-gram ones, or a draft model's: spec_decode/draft_model.py,
+run by the scheduler before it schedules the step) are made from the host's tokens, so while a running
 request may speculate no step is dispatched ahead of the one in flight (async overlap resumes once none may:
 requests that cannot speculate, or whose acceptance stayed low, see spec_decode/eligibility.py). A run of
 verified tokens is reported token by token (stop strings end it inside the run; later tokens are dropped).
@@ -56,6 +57,7 @@ from jaxllm.model.params import params_dtype
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.spec_decode.config import SpeculativeConfig
+from jaxllm.spec_decode.draft_model import DraftProposer, check_draft, check_draft_parallel
 from jaxllm.structured_outputs.compiler import GrammarCompiler
 from jaxllm.structured_outputs.params import StructuredOutputsConfig
 from jaxllm.structured_outputs.request_state import ReasoningGate, RequestGrammar, step_bitmask
@@ -103,8 +105,9 @@ class LLMEngine:
                                   kernels=kernels, eos_token_ids=self.eos_token_ids, mesh=self.mesh, lora=self.lora)
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
         self.speculative_config = SpeculativeConfig.from_dict(args.speculative_config)
+        self.drafter = self._draft_proposer(args, kernels)  # None unless a draft model proposes
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
-                                   self.lora, self.speculative_config)
+                                   self.lora, self.speculative_config, self.drafter)
         if self.lora is not None:  # the adapters of the requests in the engine stay in the host cache
             self.lora.in_use = lambda: {r.lora_int_id for r in self.scheduler.requests.values()}
         self.processor = OutputProcessor(self.tokenizer)
@@ -117,6 +120,23 @@ class LLMEngine:
         self.structured_outputs_config = StructuredOutputsConfig.from_dict(args.structured_outputs_config)
         if args.warmup:
             self.runner.warmup()
+            if self.drafter is not None:
+                self.drafter.runner.warmup()
+
+    def _draft_proposer(self, args: EngineArgs, kernels) -> DraftProposer | None:
+        """The draft model (speculative_config's model), loaded and checked against the target, on its device."""
+        spec = self.speculative_config
+        if spec is None or spec.method != "draft_model":
+            return None
+        if self.lora is not None:
+            raise ValueError("speculative_config: a draft model with enable_lora is not supported (the draft "
+                             "would propose without the requests' adapters)")
+        check_draft_parallel(spec.model, self.parallel_config.tensor_parallel_size)
+        draft = load_host_model(spec.model, dtype=args.dtype)
+        check_draft(spec.model, draft.config, str(args.model), self.model_config, self.scheduler_config.max_model_len)
+        _, draft = _place(draft, 1)
+        return DraftProposer.build(draft, self.scheduler_config, self.cache_config, spec.num_speculative_tokens,
+                                   seed=args.seed, kernels=kernels, mesh=self.mesh)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,

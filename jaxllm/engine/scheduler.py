@@ -21,14 +21,15 @@ reported. Requests at their length limit with a token pending are not scheduled 
 keeps its pending token (update appends it while it waits) and is not admitted again before it arrives.
 
 Speculative decoding (speculative_config): a decoding request whose tokens are all known (none pending) gets
-n-gram proposals d1 .. dk; its chunk is 1 + k tokens (its newest token and the proposals: SchedulerOutput.
-scheduled_spec_decode_tokens), all counted as computed and allocated for, and it is not scheduled again until
-update() has verified them. Then the rejected proposals are rolled back: num_computed_tokens loses them, the
-accepted run is appended token by token under the stop rules (EOS, stop ids, max_tokens end it inside the run),
-and only then are full blocks registered in the prefix cache, so no rejected token is ever hashed. The blocks
-allocated for rejected positions stay the request's (its next steps fill them; its end frees them); the K/V
-written there is overwritten when those positions are computed again. Proposals take sampler rows: at most
-max_num_seqs rows per step, so k is capped by the rows no running or waiting request can need.
+proposals d1 .. dk (n-gram ones, or a draft model's, made for all such requests in one batch first); its chunk is
+1 + k tokens (its newest token and the proposals: SchedulerOutput.scheduled_spec_decode_tokens), all counted as
+computed and allocated for, and it is not scheduled again until update() has verified them. Then the rejected
+proposals are rolled back: num_computed_tokens loses them, the accepted run is appended token by token under the
+stop rules (EOS, stop ids, max_tokens end it inside the run), and only then are full blocks registered in the
+prefix cache, so no rejected token is ever hashed. The blocks allocated for rejected positions stay the request's
+(its next steps fill them; its end frees them); the K/V written there is overwritten when those positions are
+computed again. Proposals take sampler rows: at most max_num_seqs rows per step, so k is capped by the rows no
+running or waiting request can need.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,6 +51,9 @@ from jaxllm.spec_decode.config import SpeculativeConfig
 from jaxllm.spec_decode.eligibility import AcceptanceTracker, can_speculate
 from jaxllm.spec_decode.metrics import SpecDecodingStats
 from jaxllm.spec_decode.ngram import propose_ngram
+
+if TYPE_CHECKING:
+    from jaxllm.spec_decode.draft_model import DraftProposer
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +106,13 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, lora: LoRAManager | None = None,
-                 speculative: SpeculativeConfig | None = None):
+                 speculative: SpeculativeConfig | None = None, proposer: DraftProposer | None = None):
         """lora: the adapters' manager when LoRA is on: a waiting request is admitted only once its adapter has a
         device slot (LoRAManager.acquire); otherwise it waits, and requests behind it may go first.
-        speculative: n-gram speculative decoding's settings (None: off)."""
+        speculative: speculative decoding's settings (None: off); proposer: the draft model's (method
+        "draft_model"), else proposals are n-gram ones."""
         self.speculative = speculative
+        self.proposer = proposer
         self.spec_stats = None if speculative is None else SpecDecodingStats(speculative.num_speculative_tokens)
         self.config = config
         self.kv_cache = kv_cache
@@ -156,6 +163,8 @@ class Scheduler:
         request.status = status
         request.stop_reason = stop_reason
         self.kv_cache.forget(request)
+        if self.proposer is not None:
+            self.proposer.free(request.request_id)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
 
@@ -175,6 +184,7 @@ class Scheduler:
         preempted: list[Request] = []
         drafts: dict[str, list[int]] = {}  # request id -> its proposals (speculative decoding)
         draft_rows = self._draft_row_budget()
+        self._drafted = self._draft_model_proposals(draft_rows) if self.proposer is not None else {}
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -261,15 +271,35 @@ class Scheduler:
                 and request.num_computed_tokens == request.num_tokens - 1)
 
     def _propose(self, request: Request, max_rows: int) -> list[int]:
-        """Its n-gram proposals: at most k, the rows given, and what its length limit leaves after the token
-        verification always yields. A step without proposals counts as an eligible step that accepted none."""
+        """Its proposals (n-gram ones, or the draft model's made this step): at most k, the rows given, and what
+        its length limit leaves after the token verification always yields. A step without
+        proposals counts as an eligible step that accepted none."""
         spec = self.speculative
         k = min(spec.num_speculative_tokens, max_rows, request.length_limit - request.num_tokens - 1)
-        proposals = propose_ngram(np.asarray(request.all_token_ids, np.int32), k, spec.prompt_lookup_min,
-                                  spec.prompt_lookup_max) if k > 0 else ()
+        if self.proposer is not None:
+            proposals = self._drafted.get(request.request_id, [])[:max(k, 0)]
+        else:
+            proposals = propose_ngram(np.asarray(request.all_token_ids, np.int32), k, spec.prompt_lookup_min,
+                                      spec.prompt_lookup_max) if k > 0 else ()
         if not len(proposals):
             request.spec.record(0)
         return [int(t) for t in proposals]
+
+    def _draft_model_proposals(self, draft_rows: int) -> dict[str, list[int]]:
+        """The draft model's proposals, in one batch, for the running requests that speculate this step (in order,
+        while sampler rows are left for them); _propose takes them from here."""
+        wanted = []
+        for request in self.running:
+            k = min(self.speculative.num_speculative_tokens, draft_rows,
+                    request.length_limit - request.num_tokens - 1)
+            if draft_rows <= 0:
+                break
+            if (k <= 0 or request.num_spec_in_flight or self._finishes_with_pending_token(request)
+                    or not self._speculates_now(request, 1)):
+                continue
+            wanted.append((request.request_id, request.all_token_ids, k))
+            draft_rows -= k
+        return self.proposer.propose(wanted) if wanted else {}
 
     def _commit_drafts(self, drafts: dict[str, list[int]], chunks: list[tuple[Request, int]]) -> dict:
         """The proposals of the requests still scheduled (a preemption may have dropped some), now in flight."""
@@ -382,6 +412,8 @@ class Scheduler:
         chunks[:] = [(r, n) for r, n in chunks if r is not victim]
         self.running.remove(victim)
         self.kv_cache.free(victim)
+        if self.proposer is not None:  # its draft K/V is recomputed when it runs again
+            self.proposer.free(victim.request_id)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_blocks_sent = None

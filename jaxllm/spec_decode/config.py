@@ -2,10 +2,12 @@
 
     {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}
 
+    {"model": PATH, "num_speculative_tokens": k}        (or with "method": "draft_model")
+
 As vLLM: prompt_lookup_min and prompt_lookup_max default to 5 when both are unset, and to each other when one is;
-"model": "ngram" (or "[ngram]") without a method means the n-gram method. A draft model ("model": a path, or
-method "draft_model") is refused: only n-gram proposals are built. An unknown key, a wrong type or a value out
-of range is a ValueError naming the key.
+"model": "ngram" (or "[ngram]") without a method means the n-gram method; any other "model" is a draft model's
+path or name (spec_decode/draft_model.py), and method "draft_model" needs one. EAGLE and MTP are refused. An
+unknown key, a wrong type or a value out of range is a ValueError naming the key.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 NGRAM_MODEL_NAMES = ("ngram", "[ngram]")
 MAX_SPECULATIVE_TOKENS = 16  # more rows per sequence than this would crowd out the other sequences' samples
 
@@ -24,6 +26,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int
     prompt_lookup_max: int
+    model: str | None = None  # the draft model (method "draft_model"); None for n-gram proposals
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any] | None) -> "SpeculativeConfig | None":
@@ -37,6 +40,7 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative_config: unknown key {unknown[0]!r} (known: {', '.join(known)})")
         method = _method(fields.get("method"), fields.get("model"))
+        model = fields.get("model") if method == "draft_model" else None
         k = _positive_int(fields, "num_speculative_tokens", None)
         if k > MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config: num_speculative_tokens must be <= {MAX_SPECULATIVE_TOKENS}, "
@@ -47,25 +51,31 @@ class SpeculativeConfig:
         hi = given.get("prompt_lookup_max", lo)
         if lo > hi:
             raise ValueError(f"speculative_config: prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
-        return cls(method, k, lo, hi)
+        return cls(method, k, lo, hi, model)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def _method(method: Any, model: Any) -> str:
-    if model is not None and model not in NGRAM_MODEL_NAMES:
-        raise ValueError(f"speculative_config: model {model!r}: a draft model is not supported yet (only "
-                         f"method 'ngram')")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ValueError(f"speculative_config: model must be a non-empty string (a draft model's path or name, "
+                         f"or 'ngram'), got {model!r}")
     if method is None:
         if model is None:
-            raise ValueError("speculative_config: method is required ('ngram')")
-        return "ngram"
+            raise ValueError("speculative_config: method is required ('ngram' or 'draft_model'), or a model")
+        return "ngram" if model in NGRAM_MODEL_NAMES else "draft_model"
     if method == "[ngram]":
         method = "ngram"
     if method not in METHODS:
-        raise ValueError(f"speculative_config: method {method!r} is not supported (only 'ngram'; draft models, "
-                         f"EAGLE and MTP are not built)")
+        raise ValueError(f"speculative_config: method {method!r} is not supported (only 'ngram' and "
+                         f"'draft_model'; EAGLE and MTP are not built)")
+    if method == "draft_model" and (model is None or model in NGRAM_MODEL_NAMES):
+        raise ValueError(f"speculative_config: method 'draft_model' needs a model (the draft model's path or "
+                         f"name), got {model!r}")
+    if method == "ngram" and model is not None and model not in NGRAM_MODEL_NAMES:
+        raise ValueError(f"speculative_config: method 'ngram' with model {model!r}: a draft model goes with "
+                         f"method 'draft_model'")
     return method
 
 

@@ -9,7 +9,8 @@ ending at the first mismatch (its y is the target's token) or with the bonus tok
     sampled rows   y0  y1  y2  y3  y4
     y0 = d1, y1 = d2, y2 != d3   ->  run  y0 y1 y2   (2 accepted, y2 the target's own)
 
-Greedy: accept while the argmax equals the proposal. Random: an n-gram proposal is a point mass, for which the
+Greedy: accept while the argmax equals the proposal. Random: an n-gram proposal is a point mass (so is a draft
+model's: its greedy argmax is deterministic given the context, spec_decode/draft_model.py), for which the
 standard rule (accept d with probability min(1, p(d) / q(d)) = p(d), else draw from (p - q)+ normalized = p
 without d, renormalized) is the same as drawing y ~ p and accepting when y = d: P(y = d) = p(d), and y given
 y != d follows p without d, renormalized. Every emitted token is therefore drawn from the target's distribution

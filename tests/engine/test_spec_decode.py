@@ -72,7 +72,9 @@ def test_accept_run_keeps_matches_then_the_target_token():
     ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 0}, "prompt_lookup_max must be >= 1"),
     ({"method": "ngram", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1},
      "unknown key 'draft_tensor_parallel_size'"),
-    ({"model": "/models/draft", "num_speculative_tokens": 4}, "a draft model is not supported"),
+    ({"method": "draft_model", "num_speculative_tokens": 4}, "method 'draft_model' needs a model"),
+    ({"method": "ngram", "model": "/models/draft", "num_speculative_tokens": 4}, "goes with method 'draft_model'"),
+    ({"model": 3, "num_speculative_tokens": 4}, "model must be a non-empty string"),
     ({"method": "eagle", "num_speculative_tokens": 4}, "method 'eagle' is not supported"),
 ])
 def test_bad_speculative_configs_are_refused_naming_the_key(fields, message):
@@ -87,6 +89,8 @@ def test_prompt_lookup_defaults_are_vllms():
     config = SpeculativeConfig.from_dict({"model": "[ngram]", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
     assert (config.method, config.prompt_lookup_min, config.prompt_lookup_max) == ("ngram", 4, 4)
     assert SpeculativeConfig.from_dict(None) is None
+    config = SpeculativeConfig.from_dict({"model": "/models/draft", "num_speculative_tokens": 3})
+    assert (config.method, config.model) == ("draft_model", "/models/draft")
 
 
 def test_the_server_flag_parses_and_refuses(capsys):
@@ -95,8 +99,10 @@ def test_the_server_flag_parses_and_refuses(capsys):
     args = parser.parse_args(["serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'])
     assert EngineArgs.from_cli_args(args).speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--speculative-config", '{"model": "draft", "num_speculative_tokens": 2}'])
-    assert "a draft model is not supported" in capsys.readouterr().err
+        parser.parse_args(["serve", "--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 2}'])
+    assert "method 'draft_model' needs a model" in capsys.readouterr().err
+    args = parser.parse_args(["serve", "--speculative-config", '{"model": "draft", "num_speculative_tokens": 2}'])
+    assert SpeculativeConfig.from_dict(EngineArgs.from_cli_args(args).speculative_config).model == "draft"
 
 
 # ---------------------------------------------------------------------------------------------- the engine

@@ -1,0 +1,191 @@
+"""Draft-model speculative decoding: outputs identical to plain decoding, the draft's pool and state released,
+nothing compiled after warm-up, refusals naming both models.
+
+The draft's proposals are greedy (deterministic given the context), so verification keeps every request's
+output what plain decoding generates, greedy or seeded (spec_decode/rejection.py): the tests compare whole
+random workloads both ways, with the target as its own draft and with a smaller draft."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from jaxllm.compile_counter import CompileCounter
+from jaxllm.config import CacheConfig, SchedulerConfig
+from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.engine import LLMEngine
+from jaxllm.sampling_params import SamplingParams
+from jaxllm.spec_decode.draft_model import check_draft, check_draft_parallel, draft_num_blocks
+from tests.engine.test_spec_decode import _engine, _run_workload
+from tests.engine.test_warmup import MAX_MODEL_LEN
+from tests.tiny_models import TOKENIZER_MODEL_CONFIG, _tiny_llama_weights
+
+
+def _draft(target, directory, **config_overrides):
+    """A draft model next to `target`: its tokenizer, a config changed by config_overrides, other weights."""
+    shutil.copytree(target, directory)
+    config = {**TOKENIZER_MODEL_CONFIG, **config_overrides}
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(_tiny_llama_weights(config, seed=1), str(directory / "model.safetensors"))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def small_draft(tiny_model_with_tokenizer, tmp_path_factory):
+    """One layer instead of two, other random weights, the same vocabulary."""
+    return _draft(tiny_model_with_tokenizer, tmp_path_factory.mktemp("draft") / "m", num_hidden_layers=1)
+
+
+def _spec(draft, k: int = 3) -> dict:
+    return {"model": str(draft), "num_speculative_tokens": k}
+
+
+def _check_draft_released(engine: LLMEngine) -> None:
+    """Every request ended: the draft holds no state and its pool has every block back."""
+    drafter = engine.drafter
+    assert drafter.states == {}
+    assert drafter.num_free_blocks == drafter.kv_cache.pool.num_usable_blocks
+    assert drafter.runner.inputs.requests == {}
+
+
+def _greedy_outputs(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 20) -> dict:
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                outputs[output.request_id] = output.outputs[0].token_ids
+    return outputs
+
+
+def _random_prompts(seed: int, count: int) -> list[list[int]]:
+    rng = np.random.RandomState(seed)
+    return [rng.randint(3, 49152, size=int(rng.randint(1, 40))).tolist() for _ in range(count)]
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_a_draft_with_another_vocabulary_is_refused_naming_both(tiny_model_with_tokenizer, tmp_path):
+    draft = _draft(tiny_model_with_tokenizer, tmp_path / "small-vocab", vocab_size=256)
+    with pytest.raises(ValueError, match=rf"draft model '{draft}' has vocab_size 256, the target model "
+                                         rf"'{tiny_model_with_tokenizer}' has 49152"):
+        _engine(tiny_model_with_tokenizer, _spec(draft))
+
+
+def test_a_draft_with_a_shorter_context_is_refused(tiny_model_with_tokenizer, tmp_path):
+    draft = _draft(tiny_model_with_tokenizer, tmp_path / "short", max_position_embeddings=64)
+    with pytest.raises(ValueError, match=rf"draft model '{draft}' has a context of 64 tokens.*target model "
+                                         rf"'{tiny_model_with_tokenizer}''s max_model_len {MAX_MODEL_LEN}"):
+        _engine(tiny_model_with_tokenizer, _spec(draft))
+
+
+def test_a_tensor_parallel_target_with_a_draft_is_refused():
+    with pytest.raises(ValueError, match="draft model with tensor_parallel_size 2 is not supported.*'d'"):
+        check_draft_parallel("d", 2)
+    check_draft_parallel("d", 1)
+    config = SimpleNamespace(vocab_size=256, max_position_embeddings=128)
+    check_draft("d", config, "t", config, 128)  # the same vocabulary, context enough
+
+
+def test_the_draft_pool_holds_the_targets_blocks_up_to_what_its_sequences_can_fill():
+    scheduler = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=96)
+    assert draft_num_blocks(scheduler, CacheConfig(block_size=8, num_blocks=32), k=3) == 32
+    assert draft_num_blocks(scheduler, CacheConfig(block_size=8, num_blocks=1000), k=3) == 1 + 4 * 13  # 98 / 8
+
+
+def test_a_draft_with_lora_is_refused(tiny_model_with_tokenizer):
+    with pytest.raises(ValueError, match="a draft model with enable_lora is not supported"):
+        _engine(tiny_model_with_tokenizer, _spec(tiny_model_with_tokenizer), enable_lora=True)
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+@pytest.mark.slow
+def test_the_target_as_its_own_draft_accepts_every_greedy_proposal(tiny_model_with_tokenizer):
+    prompts = _random_prompts(seed=1, count=6)
+    plain = _greedy_outputs(_engine(tiny_model_with_tokenizer, None, max_num_seqs=8, num_gpu_blocks=64), prompts)
+    engine = _engine(tiny_model_with_tokenizer, _spec(tiny_model_with_tokenizer), max_num_seqs=8,
+                     num_gpu_blocks=64)
+    assert _greedy_outputs(engine, prompts) == plain
+    stats = engine.stats()
+    assert stats["spec_decode_num_drafts"] > 10, stats
+    assert stats["spec_decode_num_accepted_tokens"] == stats["spec_decode_num_draft_tokens"], stats
+    _check_draft_released(engine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_a_smaller_draft_generates_what_plain_greedy_decoding_does(tiny_model_with_tokenizer, small_draft, batch):
+    prompts = _random_prompts(seed=batch, count=batch)
+    settings = dict(max_num_seqs=max(batch, 2) * 4, num_gpu_blocks=96)  # rows left for proposals
+    plain = _greedy_outputs(_engine(tiny_model_with_tokenizer, None, **settings), prompts)
+    engine = _engine(tiny_model_with_tokenizer, _spec(small_draft, k=4), **settings)
+    assert _greedy_outputs(engine, prompts) == plain
+    assert engine.stats()["spec_decode_num_draft_tokens"] > 0
+    _check_draft_released(engine)
+
+
+# ---------------------------------------------------------------------------------------------- random workloads
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_is_target", [True, False], ids=["self-draft", "small-draft"])
+@pytest.mark.parametrize("settings", [
+    dict(max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks=32),  # small pool: preemption
+    dict(max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=96),
+    dict(max_num_seqs=6, max_num_batched_tokens=16, num_gpu_blocks=48, async_scheduling=False),  # chunked
+], ids=["preemption", "batch-8", "batch-6-chunked-sync"])
+def test_random_workload_generates_the_same_with_a_draft_model(tiny_model_with_tokenizer, small_draft, settings,
+                                                               draft_is_target):
+    """Greedy and seeded random sampling, n > 1, prefix hits, aborts, preemption: the same outputs."""
+    plain = _run_workload(_engine(tiny_model_with_tokenizer, None, **settings), seed=3)
+    draft = tiny_model_with_tokenizer if draft_is_target else small_draft
+    engine = _engine(tiny_model_with_tokenizer, _spec(draft), **settings)
+    assert _run_workload(engine, seed=3) == plain
+    stats = engine.stats()
+    assert stats["spec_decode_num_drafts"] > 10, stats
+    assert sum(stats["spec_decode_num_accepted_tokens_per_pos"]) == stats["spec_decode_num_accepted_tokens"]
+    _check_draft_released(engine)
+
+
+@pytest.mark.slow
+def test_preempted_requests_drop_their_draft_state(tiny_model_with_tokenizer, small_draft):
+    engine = _engine(tiny_model_with_tokenizer, _spec(small_draft), max_num_seqs=4, num_gpu_blocks=12)
+    prompts = _random_prompts(seed=7, count=4)
+    plain = _greedy_outputs(_engine(tiny_model_with_tokenizer, None, max_num_seqs=4, num_gpu_blocks=12), prompts, 30)
+    assert _greedy_outputs(engine, prompts, 30) == plain
+    assert engine.scheduler.num_preemptions > 0
+    _check_draft_released(engine)
+
+
+@pytest.mark.slow
+def test_after_warmup_a_draft_model_compiles_nothing(tiny_model_with_tokenizer, small_draft):
+    engine = _engine(tiny_model_with_tokenizer, _spec(small_draft), warmup=True)
+    with CompileCounter() as compiles:
+        _run_workload(engine, seed=5, num_requests=20)
+    assert compiles.count == 0, compiles.events
+    assert engine.stats()["spec_decode_num_drafts"] > 0
+    _check_draft_released(engine)
+
+
+@pytest.mark.slow
+def test_llm_takes_a_draft_model(tiny_model_with_tokenizer, small_draft):
+    from jaxllm.llm import LLM
+    settings = dict(max_model_len=MAX_MODEL_LEN, block_size=8, max_num_seqs=4, num_gpu_blocks=32)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in _random_prompts(seed=11, count=1)]
+    plain = LLM(str(tiny_model_with_tokenizer), **settings).generate(prompts, params, use_tqdm=False)
+    llm = LLM(str(tiny_model_with_tokenizer), speculative_config={"method": "draft_model", "model": str(small_draft),
+                                                                   "num_speculative_tokens": 2}, **settings)
+    drafted = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.stats()["spec_decode_num_draft_tokens"] > 0
+
+
+def test_the_server_flag_takes_a_draft_model(tiny_model_with_tokenizer):
+    from jaxllm.entrypoints.cli import build_parser
+    spec = json.dumps({"method": "draft_model", "model": "d", "num_speculative_tokens": 2})
+    args = build_parser("serve").parse_args(["serve", "--speculative-config", spec])
+    assert EngineArgs.from_cli_args(args).speculative_config["model"] == "d"
