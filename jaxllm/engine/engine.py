@@ -134,7 +134,7 @@ class LLMEngine:
         check_draft_parallel(spec.model, self.parallel_config.tensor_parallel_size)
         draft = load_host_model(spec.model, dtype=args.dtype)
         check_draft(spec.model, draft.config, str(args.model), self.model_config, self.scheduler_config.max_model_len)
-        _, draft = _place(draft, 1)
+        _, draft = _place(draft, ParallelConfig())
         return DraftProposer.build(draft, self.scheduler_config, self.cache_config, spec.num_speculative_tokens,
                                    seed=args.seed, kernels=kernels, mesh=self.mesh)
 
