@@ -20,7 +20,7 @@ each in its own try block (a failing section is reported and the rest still run)
                       wave of the workload's shape (the programs it compiled, each one's seconds), then 512 requests
                       of 128 random prompt tokens and 128 output tokens: output tokens/s, and the programs compiled
                       after warm-up (must be 0)
-    correctness, kernels, awq, lora   benchmarks/gpu_check_kernels.py: kernels vs references, kernel timings
+    correctness, kernels, awq, lora, moe   benchmarks/gpu_check_kernels.py: kernels vs references, kernel timings
     tuning            XLA's default compile options against this script's (one 8B decode step: compile seconds and
                       step ms), then attention kernel knob settings
 
@@ -129,6 +129,8 @@ class Profile:
     lora_shapes: tuple  # (K, N, R)
     lora_token_counts: tuple
     lora_sweeps: tuple  # (T, [knob overrides])
+    moe_shape: tuple  # (E, H, I, k) of the moe section
+    moe_token_counts: tuple
     tuning: tuple  # (kernel, name, [(q_len, context)], [knob overrides]) per attention knob sweep
     iters: int  # calls per timing loop
     repeats: int  # timing loops; the median is reported
@@ -180,6 +182,8 @@ GPU = Profile(
     lora_token_counts=(1, 16, 256),
     lora_sweeps=((1, [{}, dict(block_n=256), dict(split_k=4), dict(num_warps=8)]),
                  (256, [{}, dict(block_m=32), dict(block_n=256), dict(num_warps=8)])),
+    moe_shape=(128, 2048, 768, 8),  # Qwen3-30B-A3B's experts
+    moe_token_counts=(1, 16, 256),
     tuning=(
         ("split_kv", "decode b8 ctx8192", [(1, 8192)] * 8,
          [dict(block_kv=32), {}, dict(block_kv=128), dict(num_warps=8), dict(num_stages=3), dict(num_splits=64)]),
@@ -212,6 +216,8 @@ SMOKE = Profile(
     lora_shapes=((200, 72, 48),),
     lora_token_counts=(1, 20),
     lora_sweeps=((20, [dict(block_m=16, split_k=2)]),),
+    moe_shape=(8, 64, 32, 2),
+    moe_token_counts=(1, 12),
     tuning=(("split_kv", "decode b2 ctx64", [(1, 64)] * 2, [dict(block_kv=16, num_splits=2)]),),
     iters=1,
     repeats=1,
@@ -476,6 +482,7 @@ SECTIONS = (  # (name, run, end of its window in seconds of DEFAULT_BUDGET_S, sc
     ("kernels", kernels.section_kernels, 390),
     ("awq", kernels.section_awq, 415),
     ("lora", kernels.section_lora, 440),
+    ("moe", kernels.section_moe, 465),
     ("tuning", section_tuning, DEFAULT_BUDGET_S),
 )
 SECTION_NAMES = tuple(name for name, _, _ in SECTIONS)

@@ -376,3 +376,79 @@ def lora_checked_then_timed(ctx: Section, case, knobs: dict, base_us: float | No
     checks = {"rel_err": err, "max_abs_err": float(np.abs(out - expected).max()),
               "ok": bool(err < LORA_TOLERANCE[jnp.dtype(jnp.bfloat16)])}
     return {**checks, **lora_timed(delta, case.args(), ctx.profile, base_us)}
+
+
+# ---------------------------------------------------------------------------------------------------- MoE
+
+
+def section_moe(ctx: Section) -> None:
+    """Mixture-of-experts experts MLP (pallas_kernels/moe, bf16, ctx.profile.moe_shape = (E, H, I, k): Qwen3-30B-A3B's
+    layer) per token count T with uniform random routing: the Pallas grouped matmul (its error against the jnp
+    reference checked first), the reference (every expert on every token) and a dense gated MLP of the active width
+    (intermediate k * I) for the ratio x_dense. %hbm: the distinct experts the routing touches (their weights read
+    once) per second against the H200's 4.8 TB/s."""
+    from pallas_kernels.moe import moe_experts_pallas, moe_experts_reference
+
+    num_experts, hidden, inter, top_k = ctx.profile.moe_shape
+    w_gate_up, w_down = device_expert_weights(num_experts, hidden, inter)  # [E, 2I, H], [E, H, I]
+    dense_gate_up, dense_down = w_gate_up[0, :2 * inter].repeat(top_k, 0), w_down[0].repeat(top_k, 1)
+    for t in ctx.profile.moe_token_counts:
+        x, ids, weights = moe_routing(t, top_k, num_experts, hidden)
+        touched = len(np.unique(np.asarray(ids)))
+        moved = touched * 3 * hidden * inter * 2 + 4 * t * hidden
+        impls = {"pallas": functools.partial(moe_experts_pallas, interpret=ctx.interpret),
+                 "xla_reference": moe_experts_reference}
+        if not ctx.can_start():
+            return
+        dense = ctx.measure({"kind": "moe", "T": t, "impl": "bf16_dense_active"},
+                            lambda: moe_timed(dense_mlp, (x, dense_gate_up, dense_down), ctx.profile,
+                                              3 * hidden * inter * top_k * 2))
+        for impl, fn in impls.items():
+            if not ctx.can_start():
+                return
+            row = {"kind": "moe", "T": t, "impl": impl, "experts_touched": touched}
+            args = (x, ids, weights, w_gate_up, w_down)
+            measure = moe_checked_then_timed if impl == "pallas" else moe_timed
+            ctx.measure(row, functools.partial(measure, fn, args, ctx.profile, moved, dense.get("us")))
+
+
+def device_expert_weights(num_experts: int, hidden: int, inter: int):
+    """Random bf16 expert weights made on the device (the host would take seconds for Qwen3-30B-A3B's 1.2 G values
+    per layer), scaled so every stage is O(1)."""
+    k1, k2 = jax.random.split(jax.random.key(7))
+    make = jax.jit(lambda: (
+        (jax.random.normal(k1, (num_experts, 2 * inter, hidden), jnp.float32) / np.sqrt(hidden)).astype(jnp.bfloat16),
+        (jax.random.normal(k2, (num_experts, hidden, inter), jnp.float32) / np.sqrt(inter)).astype(jnp.bfloat16)))
+    return jax.block_until_ready(make())
+
+
+def moe_routing(num_tokens: int, top_k: int, num_experts: int, hidden: int):
+    """(x [T, H] bf16, ids [T, k] int32: k distinct experts per token, weights [T, k] float32)."""
+    rng = np.random.default_rng(num_tokens)
+    ids = np.stack([rng.permutation(num_experts)[:top_k] for _ in range(num_tokens)])
+    x = jnp.asarray(rng.standard_normal((num_tokens, hidden), np.float32), jnp.bfloat16)
+    return x, jnp.asarray(ids, jnp.int32), jnp.asarray(rng.random((num_tokens, top_k), np.float32))
+
+
+def dense_mlp(x, w_gate_up, w_down):
+    """The dense gated MLP of the active width: x [T, H], w_gate_up [2F, H], w_down [H, F] -> [T, H]."""
+    gate, up = jnp.split(dense_dot(x, w_gate_up).astype(x.dtype), 2, axis=-1)
+    return dense_dot(jax.nn.silu(gate) * up, w_down).astype(x.dtype)
+
+
+def moe_timed(fn, args, profile, moved: int, base_us: float | None = None) -> dict:
+    us = median_call_seconds(chained(fn), args, profile) * 1e6
+    return {"us": us, "%hbm": 100 * moved / (us * 1e-6) / PEAK_HBM_BYTES_S,
+            **({"x_dense": us / base_us} if base_us else {})}
+
+
+def moe_checked_then_timed(fn, args, profile, moved: int, base_us: float | None) -> dict:
+    from pallas_kernels.moe import moe_experts_reference
+    from pallas_kernels.moe.testing import TOLERANCE
+
+    with jax.default_matmul_precision("highest"):
+        expected = np.asarray(jax.jit(moe_experts_reference)(*args).astype(jnp.float32))
+    out = np.asarray(jax.jit(fn)(*args).astype(jnp.float32))
+    err = float(np.abs(out - expected).max() / max(np.abs(expected).max(), 1e-30))
+    checks = {"rel_err": err, "ok": bool(err < TOLERANCE[jnp.dtype(jnp.bfloat16)])}
+    return {**checks, **moe_timed(fn, args, profile, moved, base_us)}

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # each test runs benchmarks/gpu_check.py on the C
 
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.py")
 SECTIONS = ["environment", "goal_decode_bf16", "goal_int4", "goal_engine", "correctness", "kernels", "awq", "lora",
-            "tuning"]
+            "moe", "tuning"]
 RUN_SCRIPT = f"import runpy\nsys.argv = [{SCRIPT!r}] + {{argv!r}}\nrunpy.run_path({SCRIPT!r}, run_name='__main__')\n"
 TIMEOUT_S = 600  # about a minute alone on 2 CPU cores; the margin is for a machine busy with other work
 
@@ -72,6 +72,12 @@ def test_gpu_check_cpu_smoke(tmp_path):
     assert {(row["T"], row["adapters"]) for row in lora if row.get("impl") == "lora_kernel"} == {(1, 1), (20, 1),
                                                                                                 (20, 4)}
     assert all(row["x_dense"] > 0 for row in lora if row.get("impl") in ("xla_reference", "lora_kernel"))
+    moe = results["moe"]["rows"]
+    assert [(row["T"], row["impl"]) for row in moe] == [(t, impl) for t in (1, 12)
+                                                        for impl in ("bf16_dense_active", "pallas", "xla_reference")]
+    assert all(row["us"] > 0 for row in moe) and all(row["ok"] for row in moe if row["impl"] == "pallas")
+    assert all(row["x_dense"] > 0 and 1 <= row["experts_touched"] <= 8 for row in moe
+               if row["impl"] != "bf16_dense_active")
     tuning = results["tuning"]["rows"]
     assert [row["kind"] for row in tuning] == ["compile_options", "attention_knobs"]
     assert tuning[0]["options"]["xla_gpu_autotune_level"] == 4 and tuning[0]["step_ms"] > 0
