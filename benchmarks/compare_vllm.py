@@ -89,6 +89,9 @@ def hf_copy(cache: Path) -> Path:
 
     gguf = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None  # the weights are dequantized float32 already; transformers refuses to save "gguf"
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
