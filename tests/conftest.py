@@ -16,6 +16,15 @@ from tests.tiny_models import (AWQ_GROUP, VARIANTS, byte_tokenizer, save_tiny_hf
                                save_tiny_model_with_tokenizer)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def float32_auto_dtype_on_cpu():
+    """dtype="auto" on a CPU follows its flags (bfloat16 on AMX); the suite's references are float32, so in this
+    process it sees a CPU without AMX (tests/loaders/test_cpu_dtype.py tests the choice with faked flags)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("jaxllm.loaders.cpu_dtype.cpu_flags", lambda *_: frozenset({"avx2", "avx512_bf16"}))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Returns a function variant -> (directory with config.json + model.safetensors, torch model)."""

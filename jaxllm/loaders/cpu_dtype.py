@@ -1,0 +1,39 @@
+"""The dtype `dtype="auto"` picks on a CPU: the one whose matmuls are the faster ones on this machine's CPU.
+
+Chosen by the CPU's flags (/proc/cpuinfo), from measurements (benchmarks/RESULTS.md):
+    amx_bf16                       bfloat16  XLA:CPU's bfloat16 dots run on AMX tiles: the engine ~1.9x float32
+    avx512_bf16 without AMX, AVX2  float32   its bfloat16 dots are slower than float32 there (AVX512-BF16:
+                                             batch 64 0.66x, batch 1 0.3x float32)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+CPUINFO = Path("/proc/cpuinfo")
+FAST_BF16_FLAGS = ("amx_bf16",)  # any of these: bfloat16 is the faster dtype
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The first processor's flags in `cpuinfo`; empty where the file is missing or has no flags line."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_auto_dtype(flags: frozenset[str] | None = None) -> str:
+    """"bfloat16" where the CPU has a flag of FAST_BF16_FLAGS, else "float32"; logs the choice and why."""
+    flags = cpu_flags() if flags is None else flags
+    found = [f for f in FAST_BF16_FLAGS if f in flags]
+    dtype = "bfloat16" if found else "float32"
+    why = f"the CPU has {', '.join(found)}" if found else f"the CPU has none of {', '.join(FAST_BF16_FLAGS)}"
+    logger.info("dtype auto on CPU: %s (%s)", dtype, why)
+    return dtype
