@@ -18,10 +18,11 @@ from tests.tiny_models import (AWQ_GROUP, VARIANTS, byte_tokenizer, save_tiny_hf
 
 @pytest.fixture(scope="session", autouse=True)
 def float32_auto_dtype_on_cpu():
-    """dtype="auto" on a CPU follows its flags (bfloat16 on AMX); the suite's references are float32, so in this
-    process it sees a CPU without AMX (tests/loaders/test_cpu_dtype.py tests the choice with faked flags)."""
+    """dtype="auto" on a CPU follows its flags (bfloat16 with AMX or AVX512-BF16); the suite's references are
+    float32, so in this process it sees an AVX2 CPU (tests/loaders/test_cpu_dtype.py tests the choice with faked
+    flags)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("jaxllm.loaders.cpu_dtype.cpu_flags", lambda *_: frozenset({"avx2", "avx512_bf16"}))
+        patch.setattr("jaxllm.loaders.cpu_dtype.cpu_flags", lambda *_: frozenset({"avx2", "fma"}))
         yield
 
 

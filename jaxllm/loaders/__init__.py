@@ -41,7 +41,7 @@ def load_model(model: str | os.PathLike | None = None, dtype: str = "auto", mesh
 
     dtype: "float32" | "bfloat16" | "float16" | "auto". "auto" is an orbax checkpoint's saved dtype; otherwise,
     on a GPU, the checkpoint's own (auto_dtype), and on a CPU the dtype whose matmuls are the faster ones there
-    (cpu_dtype.cpu_auto_dtype: bfloat16 on AMX CPUs, else float32). mesh: a tensor_parallel.make_mesh mesh; each
+    (cpu_dtype.cpu_auto_dtype: bfloat16 with AMX or AVX512-BF16, else float32). mesh: a tensor_parallel.make_mesh mesh; each
     device receives only its own part of the params.
     on_placed(path) runs after each array is placed on its devices.
     quantization: None loads what the checkpoint holds (an AutoAWQ directory's linears stay packed int4: its

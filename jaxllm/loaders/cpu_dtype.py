@@ -1,9 +1,9 @@
 """The dtype `dtype="auto"` picks on a CPU: the one whose matmuls are the faster ones on this machine's CPU.
 
 Chosen by the CPU's flags (/proc/cpuinfo), from measurements (benchmarks/RESULTS.md):
-    amx_bf16                       bfloat16  XLA:CPU's bfloat16 dots run on AMX tiles: the engine ~1.9x float32
-    avx512_bf16 without AMX, AVX2  float32   its bfloat16 dots are slower than float32 there (AVX512-BF16:
-                                             batch 64 0.66x, batch 1 0.3x float32)
+    amx_bf16      bfloat16  XLA:CPU's bfloat16 dots run on AMX tiles: the engine ~1.9x float32
+    avx512_bf16   bfloat16  without AMX: batch 64 1.3x float32, mixed 1.09x, batch-1 decode within noise of it
+    otherwise     float32   AVX2 alone: bfloat16 dots are several times slower than float32
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 CPUINFO = Path("/proc/cpuinfo")
-FAST_BF16_FLAGS = ("amx_bf16",)  # any of these: bfloat16 is the faster dtype
+FAST_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # any of these: bfloat16 is the faster dtype
 
 
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:

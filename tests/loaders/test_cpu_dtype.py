@@ -1,4 +1,4 @@
-"""dtype="auto" on a CPU: bfloat16 where the CPU's flags name AMX, float32 elsewhere; the choice is logged."""
+"""dtype="auto" on a CPU: bfloat16 where the CPU's flags name AMX or AVX512-BF16, float32 elsewhere; logged."""
 
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ def cpuinfo(tmp_path, flags: str):
     return path
 
 
-@pytest.mark.parametrize("flags, expected", [(AMX_XEON, "bfloat16"), (EPYC_BF16, "float32"), (AVX2_ONLY, "float32")])
+@pytest.mark.parametrize("flags, expected", [(AMX_XEON, "bfloat16"), (EPYC_BF16, "bfloat16"), (AVX2_ONLY, "float32")])
 def test_the_choice_follows_the_flags(tmp_path, flags, expected, caplog):
     with caplog.at_level(logging.INFO, logger="jaxllm.loaders.cpu_dtype"):
         assert cpu_auto_dtype(cpu_flags(cpuinfo(tmp_path, flags))) == expected
     assert f"dtype auto on CPU: {expected}" in caplog.text
-    assert ("has amx_bf16" in caplog.text) == (expected == "bfloat16")
+    assert ("the CPU has amx_bf16" in caplog.text) == (flags == AMX_XEON)
+    assert ("the CPU has avx512_bf16" in caplog.text) == (flags == EPYC_BF16)
 
 
 def test_flags_of_a_missing_or_flagless_file_are_empty(tmp_path):
@@ -39,7 +40,7 @@ def test_flags_of_a_missing_or_flagless_file_are_empty(tmp_path):
     assert cpu_auto_dtype(frozenset()) == "float32"
 
 
-@pytest.mark.parametrize("flags, expected", [(AMX_XEON, jnp.bfloat16), (EPYC_BF16, jnp.float32)])
+@pytest.mark.parametrize("flags, expected", [(AMX_XEON, jnp.bfloat16), (EPYC_BF16, jnp.bfloat16), (AVX2_ONLY, jnp.float32)])
 def test_load_model_auto_on_cpu_takes_the_flags_choice(tiny_model_dir, monkeypatch, flags, expected):
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda *_: frozenset(flags.split()))
