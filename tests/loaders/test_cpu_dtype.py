@@ -33,6 +33,13 @@ def test_the_choice_follows_the_flags(tmp_path, flags, expected, caplog):
     assert ("the CPU has avx512_bf16" in caplog.text) == (flags == EPYC_BF16)
 
 
+def test_the_environment_stands_in_for_the_machines_flags(monkeypatch):
+    monkeypatch.delenv(cpu_dtype.FLAGS_ENV)
+    assert cpu_dtype.machine_flags() == cpu_flags()
+    monkeypatch.setenv(cpu_dtype.FLAGS_ENV, AMX_XEON)
+    assert cpu_dtype.machine_flags() == frozenset(AMX_XEON.split()) and cpu_auto_dtype() == "bfloat16"
+
+
 def test_flags_of_a_missing_or_flagless_file_are_empty(tmp_path):
     assert cpu_flags(tmp_path / "absent") == frozenset()
     (tmp_path / "noflags").write_text("processor\t: 0\n")
@@ -43,7 +50,7 @@ def test_flags_of_a_missing_or_flagless_file_are_empty(tmp_path):
 @pytest.mark.parametrize("flags, expected", [(AMX_XEON, jnp.bfloat16), (EPYC_BF16, jnp.bfloat16), (AVX2_ONLY, jnp.float32)])
 def test_load_model_auto_on_cpu_takes_the_flags_choice(tiny_model_dir, monkeypatch, flags, expected):
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda *_: frozenset(flags.split()))
+    monkeypatch.setenv(cpu_dtype.FLAGS_ENV, flags)
     model_dir = str(tiny_model_dir("llama3")[0])
     assert params_dtype(load_model(model_dir).params) == expected
     assert params_dtype(load_model(model_dir, dtype="float32").params) == jnp.float32  # explicit wins
