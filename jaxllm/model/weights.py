@@ -62,7 +62,7 @@ def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE) -> jax.Array:
     """x [..., K] @ w.T -> [..., N] float32, whatever w's format."""
     if isinstance(w, WeightFormat):
         return w.dot(x, kernels)
-    if kernels.matvec16 == "two_rows" and w.dtype.itemsize == 2 and math.prod(x.shape[:-1]) == 1:
+    if kernels.matvec16 == "two_rows" and w.ndim == 2 and w.dtype.itemsize == 2 and math.prod(x.shape[:-1]) == 1:
         return _two_row_dot(x, w)
     return dense_dot(x, w)
 

@@ -41,6 +41,7 @@ def test_only_one_row_of_a_16_bit_weight_takes_it():
 
     assert barriers(x1, w16) == 1
     assert barriers(x4, w16) == 0 and barriers(x1.astype(jnp.float32), w32) == 0
+    assert barriers(x1, jnp.ones((3, 8, 64), jnp.bfloat16)) == 0  # stacked weights [E, N, K]: the plain dot
 
 
 def test_cpu_kernels_choose_two_rows_and_a_batch_1_forward_is_unchanged():
