@@ -63,8 +63,8 @@ def instrument(llm: LLM, timer: StageTimer) -> None:
     runner.programs = _TimedPrograms(runner.programs, timer.wrap("dispatch (h2d copies, enqueue)", runner.programs))
     dispatch = runner.dispatch
 
-    def dispatch_and_note_kind(out):
-        step = dispatch(out)
+    def dispatch_and_note_kind(out, **kwargs):
+        step = dispatch(out, **kwargs)
         timer.kinds[id(step)] = "prefill-carrying" if any(c.num_new_tokens > 1 for c in out.chunks) else "decode-only"
         return step
 
@@ -96,11 +96,12 @@ def main():
     parser.add_argument("--trace-dir", default=None, help="also write a jax.profiler trace of the measured run")
     parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                         help="wait for each step before scheduling the next")
+    parser.add_argument("--dtype", default="auto", help="weights and KV pool (EngineArgs.dtype)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
 
     llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024,
-              async_scheduling=args.async_scheduling)
+              async_scheduling=args.async_scheduling, dtype=args.dtype)
     timer = StageTimer()
     instrument(llm, timer)
 

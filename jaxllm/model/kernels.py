@@ -7,6 +7,8 @@
     lora_matmul  pallas, reference         pallas on a GPU; else reference
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
     moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed jnp: work follows the routes, not E)
+    matvec16     direct, two_rows          two_rows on CPU (a one-row dot with a 16-bit dense weight runs as a
+                                           two-row product: weights.py); direct (XLA's own dot) on a GPU
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -27,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
-           "moe": ("cpu", "pallas", "reference")}
+           "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Kernels:
     lora_matmul: str = "reference"
     kv_write: str = "reference"
     moe: str = "reference"
+    matvec16: str = "direct"
     interpret: bool = False  # Pallas kernels run in interpret mode (no GPU)
 
     def __post_init__(self):
@@ -58,7 +61,8 @@ def select_kernels(attention: str = "auto", awq_matmul: str = "auto", lora_matmu
     gpu = on_gpu()
     return Kernels(attention=resolve_attention(attention),
                    awq_matmul=_pallas_on_gpu(awq_matmul, gpu), lora_matmul=_pallas_on_gpu(lora_matmul, gpu),
-                   kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu), interpret=not gpu)
+                   kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu),
+                   matvec16="direct" if gpu else "two_rows", interpret=not gpu)
 
 
 def resolve_attention(name: str) -> str:

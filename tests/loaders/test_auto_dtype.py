@@ -1,4 +1,5 @@
-"""dtype="auto": float32 on CPU; on a GPU, the dtype the checkpoint's weights are stored in."""
+"""dtype="auto": on a GPU, the dtype the checkpoint's weights are stored in; on a CPU without AMX (as the suite
+sees it, tests/conftest.py) float32 (test_cpu_dtype.py: the flags' choice)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The compiled CPU forward reads every layer's weights where they lie (model/params.py keeps each layer's arrays
 apart): no instruction writes a new array the shape of a weight matrix (the per-layer slice copies a scan over
-[L, ...] stacks made, or a float32 conversion of bfloat16 weights), in float32 and bfloat16, and the donated KV pool
-is updated in place. The same check on the H200 compile is in tests/gpu_compile/test_model_step.py."""
+[L, ...] stacks made, or a float32 conversion of bfloat16 weights), in float32 and bfloat16, at one token and
+many, and the donated KV pool is updated in place. The same check on the H200 compile is in tests/gpu_compile/test_model_step.py."""
 
 from __future__ import annotations
 
@@ -22,14 +22,25 @@ def weight_shapes(params) -> set[tuple[int, ...]]:
     return {tuple(a.shape) for layer in params.layers for a in jax.tree.leaves(layer) if a.ndim == 2}
 
 
+def mixed_batch():
+    return build_step_batch([SequenceChunk(list(range(1, 12)), 0, [1]), SequenceChunk([5], 20, [2, 3])], 16,
+                            num_tokens=16, num_seqs=2, max_blocks=2)
+
+
+def one_token_batch():
+    """A batch-1 decode step: every linear layer multiplies one row (XLA:CPU converted a whole 16-bit weight to
+    float32 for a one-row dot; the CPU kernels run it as a two-row product, model/weights.py)."""
+    return build_step_batch([SequenceChunk([5], 20, [2, 3])], 16, num_tokens=1, num_seqs=1, max_blocks=2)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("attention", ["reference", "cpu"])
-def test_the_compiled_forward_copies_no_weight(dtype, attention):
+@pytest.mark.parametrize("make_batch", [mixed_batch, one_token_batch], ids=["mixed", "one-token"])
+def test_the_compiled_forward_copies_no_weight(dtype, attention, make_batch):
     params = random_params(CONFIG, jax.random.key(0), dtype)
     assert len(params.layers) == CONFIG.num_layers and len(weight_shapes(params)) == 4  # qkv, o, gate|up, down
     kv = init_kv_cache(CONFIG, 8, 16, dtype)
-    batch = build_step_batch([SequenceChunk(list(range(1, 12)), 0, [1]), SequenceChunk([5], 20, [2, 3])], 16,
-                             num_tokens=16, num_seqs=2, max_blocks=2)
+    batch = make_batch()
     compiled = jit_forward(CONFIG, select_kernels(attention)).lower(params, kv, batch).compile()
     hlo = compiled.as_text()
     assert materialized(hlo, weight_shapes(params)) == []

@@ -33,7 +33,7 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
     monkeypatch.setattr(kernels, "cpu_kernel_error", lambda: None)
     monkeypatch.setattr(kernels, "cpu_write_kv_error", lambda: None)
     assert select_kernels() == Kernels(attention="cpu", awq_matmul="reference", lora_matmul="reference",
-                                       kv_write="cpu", moe="cpu", interpret=True)
+                                       kv_write="cpu", moe="cpu", matvec16="two_rows", interpret=True)
 
 
 def test_auto_on_a_gpu_is_pallas_everywhere(monkeypatch):
