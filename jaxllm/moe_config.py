@@ -37,6 +37,9 @@ def _top_k(r: FieldReader, experts: int, default: int) -> int:
     return r.integer("num_experts_per_tok", default, maximum=experts)
 
 
+MAX_LAYERS_WITH_SPARSE_STEP = 10_000  # a step > 1 lists the dense layers one by one
+
+
 def _dense_layers(r: FieldReader, num_layers: int) -> tuple[int, ...]:
     """The layers HF builds with a dense MLP: those in mlp_only_layers, and those decoder_sparse_step skips."""
     only = r.raw("mlp_only_layers", [])
@@ -44,4 +47,9 @@ def _dense_layers(r: FieldReader, num_layers: int) -> tuple[int, ...]:
                                              for i in only):
         raise r.error("mlp_only_layers", f"must be a list of layer indices below {num_layers}, got {short_repr(only)}")
     step = r.integer("decoder_sparse_step", 1)
+    if step == 1:
+        return tuple(sorted(set(only)))
+    if num_layers > MAX_LAYERS_WITH_SPARSE_STEP:
+        raise r.error("decoder_sparse_step", f"{step} with num_hidden_layers {num_layers}: more layers than "
+                                             f"{MAX_LAYERS_WITH_SPARSE_STEP} are not supported with a sparse step")
     return tuple(i for i in range(num_layers) if i in only or (i + 1) % step)

@@ -168,9 +168,21 @@ def global_param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def param_count(config: ModelConfig) -> int:
     """The number of parameters the config's shapes make (computed from the shapes: nothing is allocated)."""
-    layers = sum(math.prod(s) for i in range(config.num_layers) for s in checkpoint_layer_shapes(config, i).values())
+    layers = sum(count * sum(math.prod(s) for s in checkpoint_layer_shapes(config, layer).values())
+                 for layer, count in _layers_by_kind(config))
     top = sum(math.prod(s) for s in global_param_shapes(config).values())
     return top + layers
+
+
+def _layers_by_kind(config: ModelConfig) -> list[tuple[int, int]]:
+    """(a layer of each MLP kind, how many layers have it): a MoE model's sparse and dense layers, or all layers;
+    without a loop over the layers, so that an absurd num_layers is counted at once."""
+    if not config.num_experts:
+        return [(0, config.num_layers)]
+    dense = sorted(set(config.dense_layers))
+    first_sparse = next(i for i in range(len(dense) + 1) if i not in dense)  # dense holds len(dense) indices
+    sparse = [(first_sparse, config.num_layers - len(dense))]
+    return sparse + [(dense[0], len(dense))] if dense else sparse
 
 
 def abstract_params(config: ModelConfig, dtype) -> LlamaParams:

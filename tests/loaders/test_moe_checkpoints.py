@@ -80,3 +80,16 @@ def test_a_dense_mlp_in_a_sparse_layer_is_named(tiny_model_dir, tmp_path):
     _edit_config(model, mlp_only_layers=[])  # layer 1's dense MLP tensors are then unexpected
     with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.\w+\.weight.*layer 1's MLP is routed"):
         load_model(model)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen3_moe_sparse_step", "qwen2_moe"])
+def test_param_count_equals_the_checkpoints_values(family, tiny_model_dir):
+    """param_count (the host-memory check's figure, counted per layer kind without a loop over the layers) equals
+    the values the checkpoint holds."""
+    from jaxllm.config import ModelConfig
+    from jaxllm.model.params import param_count
+
+    directory, hf = tiny_model_dir(family)
+    config = ModelConfig.from_hf_config(json.loads((directory / "config.json").read_text()))
+    stored = sum(int(np.prod(t.shape)) for t in load_file(directory / "model.safetensors").values())
+    assert param_count(config) == stored, hf.config
