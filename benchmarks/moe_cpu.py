@@ -6,8 +6,8 @@
 For each E: random weights [E, 2I, H] / [E, H, I] and, per T, a uniform top-k routing (k distinct experts per
 token, as a router's top-k of random logits gives). The dense MLP has intermediate k*I (the active width of one
 token). Times are medians of interleaved rounds (all see the same machine state), so the ratios to dense are the
-figures to read. Routed implementations side by side: `jnp` (cpu.py's fori_loop over the used experts), `native`
-(cpu_kernel.cc on XLA's CPU thread pool) and `native 1t` (the same on the calling thread only); the jnp reference
+figures to read. Routed implementations side by side: `jnp` (cpu.py's fori_loop over the used experts) and `native`
+(cpu_kernel.cc, experts read in place); the jnp reference
 (every expert on every token) runs beside them (--no-reference skips it). Also printed: the distinct experts
 the step touches, and `weight bytes` = touched / k, the expert weight bytes the step must read over the dense MLP's
 (a decode step on a CPU is bound by weight reads, so no routed implementation gets below that ratio there).
@@ -59,7 +59,7 @@ def run(experts: int, tokens: int, hidden: int, inter: int, top_k: int, weights,
     ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])  # [T, k]
     route_weights = jnp.asarray(rng.random((tokens, top_k), np.float32))  # [T, k]
     fns = {"jnp": jax.jit(lambda *a: moe_experts_cpu(*a, native=False)), "native": jax.jit(moe_experts_native),
-           "native_1t": jax.jit(lambda *a: moe_experts_native(*a, threads=1)), "dense": jax.jit(dense_mlp)}
+           "dense": jax.jit(dense_mlp)}
     if reference:
         fns["reference"] = jax.jit(moe_experts_reference)
     moe_args = (x, jnp.asarray(ids, jnp.int32), route_weights, *weights)
@@ -87,7 +87,7 @@ def main() -> None:
     dense = (jax.random.normal(key, (2 * k * i, h)) / h ** 0.5, jax.random.normal(key, (h, k * i)) / (k * i) ** 0.5)
     rows = []
     print(f"H={h} I={i} top-{k} float32; dense MLP intermediate {k * i}; median ms of {args.repeats} rounds")
-    names = ["jnp", "native", "native_1t"] + (["reference"] if args.reference else [])
+    names = ["jnp", "native"] + (["reference"] if args.reference else [])
     print(f"{'E':>4} {'T':>5} {'dense ms':>9} " + " ".join(f"{n + ' ms':>12} {'/dense':>6}" for n in names) +
           f" {'touched':>8} {'weight bytes':>12}")
     for experts in args.experts:

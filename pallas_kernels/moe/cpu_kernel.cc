@@ -11,8 +11,8 @@
 // act(gate) * up rounded to it, each expert's output rounded to it; the k outputs are summed in float32. A route
 // whose id is outside [0, E) is dropped: nothing computed, its weight never read.
 //
-// Routes are sorted by expert (a counting sort), then two passes over work items on XLA's intra-op thread pool
-// and the calling thread:
+// Routes are sorted by expert (a counting sort), then two passes over work items, on the calling thread (XLA's
+// intra-op pool was measured beside it and did not win on a 2-core machine):
 //   gate_up  (expert, block of kCols intermediate columns): gate and up rows of that block against every row routed
 //            to the expert, kRows rows at a time so each weight row loaded feeds kRows dot products;
 //            hidden[p, cols] = act(gate) * up                                        [routes of e, kCols]
@@ -21,12 +21,9 @@
 // matrix is a pointer offset into the stack.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -173,28 +170,6 @@ void DownItem(Problem& pr, const W* w_down, int64_t e, int64_t b) {
     for (int64_t c = 0; c < cols; ++c) out[i * pr.H + c] = Round<W>(out[i * pr.H + c]);
 }
 
-// Runs work(i) for i in 0 .. n on the calling thread and on the pool's threads; returns once all are done.
-template <typename Work>
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, Work work) {
-  struct Counters {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto counters = std::make_shared<Counters>();
-  auto shared_work = std::make_shared<Work>(work);
-  auto run = [counters, n, shared_work]() {
-    for (int64_t i; (i = counters->next.fetch_add(1)) < n;) {
-      (*shared_work)(i);
-      counters->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([counters, n, run]() {
-      if (counters->next.load() < n) run();
-    });
-  run();
-  while (counters->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
-}
-
 // The (expert, column block) items of the used experts, for a pass over `width` columns.
 std::vector<std::pair<int64_t, int64_t>> Items(const Routes& routes, int64_t num_experts, int64_t width) {
   std::vector<std::pair<int64_t, int64_t>> items;
@@ -205,24 +180,15 @@ std::vector<std::pair<int64_t, int64_t>> Items(const Routes& routes, int64_t num
 }
 
 template <typename W>
-void Experts(ffi::ThreadPool& pool, Problem& pr, const W* x, const W* w_gate_up, const W* w_down,
-             const float* weights, int64_t activation, int64_t threads, float* out) {
+void Experts(Problem& pr, const W* x, const W* w_gate_up, const W* w_down, const float* weights,
+             int64_t activation, float* out) {
   pr.x.resize(pr.T * pr.H);
   for (int64_t i = 0; i < pr.T * pr.H; ++i) pr.x[i] = ToFloat(x[i]);
   const int64_t kept = pr.routes->route.size();
   pr.hidden.resize(kept * pr.I);
   pr.out.resize(kept * pr.H);
-  const auto run = [&](int64_t n, auto work) {
-    if (threads == 1) {
-      for (int64_t i = 0; i < n; ++i) work(i);
-    } else {
-      ParallelFor(pool, n, work);
-    }
-  };
-  const auto gate_up = Items(*pr.routes, pr.E, pr.I);
-  run(gate_up.size(), [&](int64_t i) { GateUpItem(pr, w_gate_up, gate_up[i].first, gate_up[i].second, activation); });
-  const auto down = Items(*pr.routes, pr.E, pr.H);
-  run(down.size(), [&](int64_t i) { DownItem(pr, w_down, down[i].first, down[i].second); });
+  for (const auto& [e, b] : Items(*pr.routes, pr.E, pr.I)) GateUpItem(pr, w_gate_up, e, b, activation);
+  for (const auto& [e, b] : Items(*pr.routes, pr.E, pr.H)) DownItem(pr, w_down, e, b);
   std::memset(out, 0, sizeof(float) * pr.T * pr.H);
   for (int64_t r = 0; r < pr.T * pr.k; ++r) {
     const int64_t p = pr.routes->position[r];
@@ -234,9 +200,9 @@ void Experts(ffi::ThreadPool& pool, Problem& pr, const W* x, const W* w_gate_up,
   }
 }
 
-ffi::Error MoeExperts(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> expert_ids,
+ffi::Error MoeExperts(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> expert_ids,
                       ffi::Buffer<ffi::F32> expert_weights, ffi::AnyBuffer w_gate_up, ffi::AnyBuffer w_down,
-                      int64_t activation, int64_t threads, ffi::ResultBuffer<ffi::F32> out) {
+                      int64_t activation, ffi::ResultBuffer<ffi::F32> out) {
   const auto xd = x.dimensions(), id = expert_ids.dimensions(), gd = w_gate_up.dimensions(),
              dd = w_down.dimensions();
   if (xd.size() != 2 || id.size() != 2 || gd.size() != 3 || dd.size() != 3)
@@ -255,13 +221,12 @@ ffi::Error MoeExperts(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S
   const float* weights = expert_weights.typed_data();
   switch (x.element_type()) {
     case ffi::F32:
-      Experts(pool, pr, x.typed_data<float>(), w_gate_up.typed_data<float>(), w_down.typed_data<float>(), weights,
-              activation, threads, out->typed_data());
+      Experts(pr, x.typed_data<float>(), w_gate_up.typed_data<float>(), w_down.typed_data<float>(), weights,
+              activation, out->typed_data());
       return ffi::Error::Success();
     case ffi::BF16:
-      Experts(pool, pr, static_cast<const uint16_t*>(x.untyped_data()),
-              static_cast<const uint16_t*>(w_gate_up.untyped_data()),
-              static_cast<const uint16_t*>(w_down.untyped_data()), weights, activation, threads, out->typed_data());
+      Experts(pr, static_cast<const uint16_t*>(x.untyped_data()), static_cast<const uint16_t*>(w_gate_up.untyped_data()),
+              static_cast<const uint16_t*>(w_down.untyped_data()), weights, activation, out->typed_data());
       return ffi::Error::Success();
     default:
       return ffi::Error::InvalidArgument("x and the expert weights must be float32 or bfloat16");
@@ -272,13 +237,11 @@ ffi::Error MoeExperts(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmMoeExperts, MoeExperts,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()         // x [T, H]
                                   .Arg<ffi::Buffer<ffi::S32>>()  // expert_ids [T, k]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // expert_weights [T, k]
                                   .Arg<ffi::AnyBuffer>()         // w_gate_up [E, 2I, H]
                                   .Arg<ffi::AnyBuffer>()         // w_down [E, H, I]
                                   .Attr<int64_t>("activation")   // 0: silu, 1: gelu_tanh
-                                  .Attr<int64_t>("threads")      // 1: the calling thread only; else the pool too
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [T, H]
 );

@@ -26,16 +26,16 @@ def native_supports(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> bo
 
 
 def moe_experts_native(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,
-                       w_down: jax.Array, activation: str = "silu", threads: int = 0) -> jax.Array:
+                       w_down: jax.Array, activation: str = "silu") -> jax.Array:
     """reference.py's contract: x [T, H], ids / weights [T, k], w_gate_up [E, 2I, H], w_down [E, H, I] -> [T, H]
-    in x.dtype. threads = 1 keeps the kernel on XLA's calling thread; otherwise it also uses XLA's CPU pool."""
+    in x.dtype, on the calling thread."""
     if not native_supports(x, w_gate_up, w_down):
         raise ValueError(f"the native MoE kernel takes one dtype, float32 or bfloat16; got x {x.dtype}, "
                          f"w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}")
     KERNEL.register()
     call = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct(x.shape, jnp.float32))
     out = call(x, expert_ids.astype(jnp.int32), expert_weights.astype(jnp.float32), w_gate_up, w_down,
-               activation=np.int64(ACTIVATION_CODES[activation]), threads=np.int64(threads))  # [T, H] f32
+               activation=np.int64(ACTIVATION_CODES[activation]))  # [T, H] f32
     return out.astype(x.dtype)
 
 
