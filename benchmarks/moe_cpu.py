@@ -1,7 +1,7 @@
-"""The routed MoE experts step on CPU against a dense gated MLP of the same active width, float32, jitted.
+"""The routed MoE experts step on CPU against a dense gated MLP of the same active width, jitted.
 
     python benchmarks/moe_cpu.py [--experts 8 32 64] [--tokens 1 8 64 256] [--hidden 1024] [--inter 1024]
-                                 [--top-k 2] [--repeats 7]
+                                 [--top-k 2] [--repeats 7] [--dtype float32]
 
 For each E: random weights [E, 2I, H] / [E, H, I] and, per T, a uniform top-k routing (k distinct experts per
 token, as a router's top-k of random logits gives). The dense MLP has intermediate k*I (the active width of one
@@ -55,7 +55,7 @@ def median_ms(fns: dict, args: dict, repeats: int) -> dict:
 def run(experts: int, tokens: int, hidden: int, inter: int, top_k: int, weights, dense, repeats: int,
         reference: bool) -> dict:
     rng = np.random.default_rng(tokens)
-    x = jnp.asarray(rng.standard_normal((tokens, hidden), np.float32))  # [T, H]
+    x = jnp.asarray(rng.standard_normal((tokens, hidden), np.float32)).astype(weights[0].dtype)  # [T, H]
     ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])  # [T, k]
     route_weights = jnp.asarray(rng.random((tokens, top_k), np.float32))  # [T, k]
     fns = {"jnp": jax.jit(lambda *a: moe_experts_cpu(*a, native=False)), "native": jax.jit(moe_experts_native),
@@ -81,18 +81,21 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-reference", dest="reference", action="store_false")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     h, i, k = args.hidden, args.inter, args.top_k
     key = jax.random.PRNGKey(0)
-    dense = (jax.random.normal(key, (2 * k * i, h)) / h ** 0.5, jax.random.normal(key, (h, k * i)) / (k * i) ** 0.5)
+    dtype = jnp.dtype(args.dtype)
+    dense = (jax.random.normal(key, (2 * k * i, h), dtype) / h ** 0.5,
+             jax.random.normal(key, (h, k * i), dtype) / (k * i) ** 0.5)
     rows = []
-    print(f"H={h} I={i} top-{k} float32; dense MLP intermediate {k * i}; median ms of {args.repeats} rounds")
+    print(f"H={h} I={i} top-{k} {dtype}; dense MLP intermediate {k * i}; median ms of {args.repeats} rounds")
     names = ["jnp", "native"] + (["reference"] if args.reference else [])
     print(f"{'E':>4} {'T':>5} {'dense ms':>9} " + " ".join(f"{n + ' ms':>12} {'/dense':>6}" for n in names) +
           f" {'touched':>8} {'weight bytes':>12}")
     for experts in args.experts:
-        weights = (jax.random.normal(key, (experts, 2 * i, h)) / h ** 0.5,
-                   jax.random.normal(key, (experts, h, i)) / i ** 0.5)
+        weights = (jax.random.normal(key, (experts, 2 * i, h), dtype) / h ** 0.5,
+                   jax.random.normal(key, (experts, h, i), dtype) / i ** 0.5)
         for tokens in args.tokens:
             row = run(experts, tokens, h, i, k, weights, dense, args.repeats, args.reference)
             rows.append(row)
@@ -100,7 +103,7 @@ def main() -> None:
                   " ".join(f"{row[n + '_ms']:>12.2f} {row[n + '_ratio']:>6.2f}" for n in names) +
                   f" {row['touched']:>8} {row['weight_bytes_ratio']:>12.1f}", flush=True)
         del weights
-    print(json.dumps({"hidden": h, "inter": i, "top_k": k, "rows": rows}))
+    print(json.dumps({"hidden": h, "inter": i, "top_k": k, "dtype": str(dtype), "rows": rows}))
 
 
 if __name__ == "__main__":

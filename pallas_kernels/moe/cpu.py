@@ -30,7 +30,7 @@ from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.sizes import pow2_at_least
 
 MAX_CPU_BLOCK_M = 64
-NATIVE_MAX_TOKENS = 256  # measured: the native kernel wins at T = 1 .. 256 (benchmarks/RESULTS.md)
+NATIVE_MAX_TOKENS = 1024  # measured: the native kernel wins at T = 1 .. 1024, past it unmeasured (benchmarks/RESULTS.md)
 
 
 def cpu_block_m(num_routes: int, num_experts: int) -> int:
