@@ -6,7 +6,8 @@
     awq_matmul   pallas, reference         pallas on a GPU; else reference (interpret mode is far too slow for a model)
     lora_matmul  pallas, reference         pallas on a GPU; else reference
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
-    moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed jnp: work follows the routes, not E)
+    moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed: the native kernel where it builds,
+                                           else a jnp loop; work follows the routes, not E)
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
