@@ -6,7 +6,8 @@
     awq_matmul   pallas, reference         pallas on a GPU; else reference (interpret mode is far too slow for a model)
     lora_matmul  pallas, reference         pallas on a GPU; else reference
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
-    moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed jnp: work follows the routes, not E)
+    moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed: the native kernel where it builds,
+                                           else a jnp loop; work follows the routes, not E)
     matvec16     direct, two_rows          two_rows on CPU (a one-row dot with a 16-bit dense weight runs as a
                                            two-row product: weights.py); direct (XLA's own dot) on a GPU
 

@@ -13,6 +13,10 @@ reads. jax.lax.ragged_dot was measured instead: XLA:CPU expands it densely over 
 routes of H=1024, against milliseconds here), so it is not used.
 
 block_m (rows per tile) defaults to `cpu_block_m`: about the mean group size, so a group is one or two dots.
+
+Up to NATIVE_MAX_TOKENS tokens the native kernel (cpu_kernel.cc via cpu_native.py) runs instead, where it builds
+and takes the dtypes: it reads each routed expert in place, where this loop's runtime expert index makes XLA:CPU
+copy the expert out of the stack before its dot (benchmarks/RESULTS.md, "MoE experts on CPU").
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.moe.layout import build_layout, combine, gather_rows
+from pallas_kernels.moe.cpu_native import moe_experts_native, moe_kernel_error, native_supports
 from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.sizes import pow2_at_least
 
 MAX_CPU_BLOCK_M = 64
+NATIVE_MAX_TOKENS = 1024  # measured: the native kernel wins at T = 1 .. 1024, past it unmeasured (benchmarks/RESULTS.md)
 
 
 def cpu_block_m(num_routes: int, num_experts: int) -> int:
@@ -34,12 +40,16 @@ def cpu_block_m(num_routes: int, num_experts: int) -> int:
 
 
 def moe_experts_cpu(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,
-                    w_down: jax.Array, activation: str = "silu", block_m: int | None = None) -> jax.Array:
-    """reference.py's contract, routed: [T, H] -> [T, H] in x.dtype."""
+                    w_down: jax.Array, activation: str = "silu", block_m: int | None = None,
+                    native: bool | None = None) -> jax.Array:
+    """reference.py's contract, routed: [T, H] -> [T, H] in x.dtype. native: run the native kernel (True), the
+    jnp loop (False), or decide by `use_native` (None)."""
     num_experts = w_gate_up.shape[0]
     top_k = expert_ids.shape[1]
     if expert_ids.size == 0:  # no tokens (or k = 0): nothing routed
         return jnp.zeros_like(x)
+    if native or (native is None and use_native(x, w_gate_up, w_down)):
+        return moe_experts_native(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
     block_m = block_m or cpu_block_m(expert_ids.size, num_experts)
     layout = build_layout(expert_ids, num_experts, block_m)
     x_rows = gather_rows(x, layout, top_k)  # [P, H]
@@ -59,6 +69,12 @@ def moe_experts_cpu(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Arr
 
     out_rows = jax.lax.fori_loop(0, layout.num_used_experts, expert, jnp.zeros_like(x_rows))  # [P, H]
     return combine(out_rows, layout, expert_ids, expert_weights, x.dtype)
+
+
+def use_native(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> bool:
+    """The static choice: the native kernel for up to NATIVE_MAX_TOKENS tokens, where it builds and takes the
+    dtypes; the jnp loop otherwise."""
+    return x.shape[0] <= NATIVE_MAX_TOKENS and native_supports(x, w_gate_up, w_down) and moe_kernel_error() is None
 
 
 def expert_mlp(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, activation: str) -> jax.Array:

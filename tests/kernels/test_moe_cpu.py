@@ -1,4 +1,6 @@
-"""The routed CPU MoE (pallas_kernels/moe/cpu.py) against the jnp oracle, jitted, and its one compile per shape."""
+"""The routed CPU MoE's jnp loop (pallas_kernels/moe/cpu.py, native=False: what runs where the native kernel cannot)
+against the jnp oracle, jitted, and its one compile per shape; the native kernel's tests are in
+test_moe_cpu_native.py."""
 
 import functools
 
@@ -25,7 +27,7 @@ H, INTER = 32, 48
 @pytest.mark.parametrize("num_tokens, top_k, num_experts, routing, block_m", CASES)
 def test_cpu_matches_the_reference(num_tokens, top_k, num_experts, routing, block_m, dtype):
     case = random_case(num_tokens, num_tokens, top_k, num_experts, H, INTER, dtype, routing)
-    got = jax.jit(functools.partial(moe_experts_cpu, block_m=block_m))(*case)
+    got = jax.jit(functools.partial(moe_experts_cpu, block_m=block_m, native=False))(*case)
     want = moe_experts_reference(*case)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert relative_error(got, want) <= TOLERANCE[jnp.dtype(dtype)]
@@ -33,17 +35,17 @@ def test_cpu_matches_the_reference(num_tokens, top_k, num_experts, routing, bloc
 
 def test_all_routes_out_of_range_give_zero():
     case = random_case(0, 4, 2, 8, H, INTER, jnp.float32, [[8, -1]] * 4)
-    assert np.all(np.asarray(moe_experts_cpu(*case)) == 0)
+    assert np.all(np.asarray(moe_experts_cpu(*case, native=False)) == 0)
 
 
 def test_no_tokens():
     case = random_case(0, 0, 2, 4, H, INTER, jnp.float32, "one")
-    assert moe_experts_cpu(*case).shape == (0, H)
+    assert moe_experts_cpu(*case, native=False).shape == (0, H)
 
 
 def test_gelu_tanh_activation():
     case = random_case(1, 6, 2, 4, H, INTER, jnp.float32)
-    got = moe_experts_cpu(*case, activation="gelu_tanh")
+    got = moe_experts_cpu(*case, activation="gelu_tanh", native=False)
     assert relative_error(got, moe_experts_reference(*case, activation="gelu_tanh")) <= 1e-5
 
 
@@ -59,10 +61,11 @@ def test_block_m_follows_the_mean_group():
     assert cpu_block_m(512, 8) == 64 and cpu_block_m(4096, 8) == 64
 
 
-def test_one_compile_for_every_routing():
+@pytest.mark.parametrize("native", [False, True], ids=["jnp", "native"])
+def test_one_compile_for_every_routing(native):
     num_tokens, top_k, num_experts = 8, 2, 8
     case = random_case(3, num_tokens, top_k, num_experts, H, INTER, jnp.float32)
-    step = jax.jit(moe_experts_cpu)
+    step = jax.jit(functools.partial(moe_experts_cpu, native=native))
     step(*case)
     rng = np.random.default_rng(1)
     routings = [jnp.asarray(routing_ids(rng, num_tokens, top_k, num_experts, routing), jnp.int32)
