@@ -208,20 +208,25 @@ def measure(generate, workloads: dict, first_prompt: list[int]) -> dict:
     return result
 
 
+def greedy_generator(llm, sampling_params_class):
+    """(prompt ids, max tokens) requests -> output tokens, greedy with EOS ignored: jaxllm's LLM and vLLM's take
+    the same generate call."""
+    def generate(requests) -> int:
+        params = [sampling_params_class(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+                  for _, n in requests]
+        outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outputs)
+
+    return generate
+
+
 def jaxllm_generator(args, dtype: str):
     from jaxllm.llm import LLM
     from jaxllm.sampling_params import SamplingParams
 
     llm = LLM(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=1024, dtype=dtype)
-
-    def generate(requests) -> int:
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-                  for _, n in requests]
-        outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
-        return sum(len(o.outputs[0].token_ids) for o in outputs)
-
-    return generate
+    return greedy_generator(llm, SamplingParams)
 
 
 def vllm_generator(args, dtype: str):
@@ -229,14 +234,7 @@ def vllm_generator(args, dtype: str):
 
     llm = LLM(model=args.hf_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024, seed=0)
-
-    def generate(requests) -> int:
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-                  for _, n in requests]
-        outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
-        return sum(len(o.outputs[0].token_ids) for o in outputs)
-
-    return generate
+    return greedy_generator(llm, SamplingParams)
 
 
 def child(args) -> None:
