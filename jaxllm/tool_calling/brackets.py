@@ -3,6 +3,7 @@ since the last one).
 
     JsonEnd      a JSON object or array: brackets counted outside strings (escapes skipped)
     PythonEnd    a Python list or call: brackets counted outside '...', "...", '''...''' and \"\"\"...\"\"\"
+    PythonItemEnd  an item of a Python call's arguments: up to the "," or ")" after it, counted the same way
 
 The first point where the count returns to zero is the value's end when the value is well formed; whether it is,
 json.loads or ast.parse then says. The answer depends only on the text, never on how it arrived.
@@ -16,6 +17,7 @@ _OPEN = "{[("
 _JSON_OUTSIDE = re.compile(r'["{}\[\]]')
 _JSON_INSIDE = re.compile(r'["\\]')
 _PYTHON_OUTSIDE = re.compile(r"""['"{}\[\]()]""")
+_PYTHON_ITEM_OUTSIDE = re.compile(r"""['"{}\[\](),]""")
 _STRING_STOP = {"'": re.compile(r"[\\']"), '"': re.compile(r'[\\"]')}
 _MORE = -1  # the text ends too soon to go on
 
@@ -54,6 +56,8 @@ class JsonEnd:
 class PythonEnd:
     """The end of the Python bracketed expression opening at text[start]."""
 
+    _outside = _PYTHON_OUTSIDE  # what the search outside strings stops at
+
     def __init__(self, start: int = 0):
         self._pos, self._depth = start, 0
         self._quote = ""  # the open string's delimiter: ', ", ''' or \"\"\" ("": none)
@@ -72,7 +76,7 @@ class PythonEnd:
     def _bracket_step(self, text: str, final: bool) -> int | None:
         """Reads up to the next bracket or quote: the end when it closes the expression, _MORE when the text ends
         too soon to read a quote, None otherwise."""
-        match = _PYTHON_OUTSIDE.search(text, self._pos)
+        match = self._outside.search(text, self._pos)
         if match is None:
             self._pos = len(text)
             return None
@@ -86,6 +90,8 @@ class PythonEnd:
             self._pos = at + len(self._quote)
             return None
         self._pos = at + 1
+        if char == ",":  # searched for by PythonItemEnd only
+            return at + 1 if self._depth == 1 else None
         self._depth += 1 if char in _OPEN else -1
         return at + 1 if self._depth == 0 else None
 
@@ -110,6 +116,19 @@ class PythonEnd:
                 at += 1
         self._pos = len(text)
         return None
+
+
+class PythonItemEnd(PythonEnd):
+    """The end of the item opening at text[start] inside a Python call's parentheses (a keyword argument, say):
+    the index just past the first "," or closing bracket outside the item's own brackets and strings, the
+    character that ends the item (for a well-formed item, "," or the call's ")"). The item's text is what lies
+    between; whether it is well formed, ast says."""
+
+    _outside = _PYTHON_ITEM_OUTSIDE
+
+    def __init__(self, start: int = 0):
+        super().__init__(start)
+        self._depth = 1  # inside the call's parentheses
 
 
 def starts_triple(text: str, at: int, quote: str, final: bool) -> bool | None:

@@ -1,4 +1,4 @@
-"""JsonEnd and PythonEnd against the parsers they stand in for: on random nested values followed by more text,
+"""JsonEnd, PythonEnd and PythonItemEnd against the parsers they stand in for: on random nested values followed by more text,
 fed in random pieces, the end found is where json's raw_decode / the Python literal ends."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from jaxllm.tool_calling.brackets import JsonEnd, PythonEnd
+from jaxllm.tool_calling.brackets import JsonEnd, PythonEnd, PythonItemEnd
 from tests.tool_calling.helpers import random_pieces
 
 STRINGS = ["", "a", "}", "]", ")", "{[(", '"', "'", "\\", "\\'", "'''", '"""', "é🎉", "\n", "x'y\"z", "\\\\\""]
@@ -59,6 +59,23 @@ def test_python_end(seed):
         text = literal + rng.choice(["", " tail", ")]", "'"])
         assert eval(literal) is not None  # the literal is valid Python
         assert find_in_pieces(PythonEnd(), text, rng, final_arg=True) == len(literal), text
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_python_item_end(seed):
+    """An item (a value standing in a call's arguments) ends just past the "," or ")" that follows it."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        literal = repr(random_value(rng))
+        text = literal + rng.choice([",", ", b='x')", ")", ")]", " ,'"])
+        expected = text.index(",", len(literal)) if "," in text[len(literal):] else text.index(")", len(literal))
+        assert find_in_pieces(PythonItemEnd(), text, rng, final_arg=True) == expected + 1, text
+
+
+def test_item_ends_at_a_closing_bracket_of_any_kind():
+    assert PythonItemEnd().find("[1, 2]]", True) == 7
+    assert PythonItemEnd().find("'a,)', 3", True) == 6
+    assert PythonItemEnd().find("(1, 2", True) is None
 
 
 def test_ends_that_never_come():
