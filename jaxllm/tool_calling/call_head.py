@@ -7,6 +7,7 @@ object's text, piece by piece, as the model writes it. The head is a short patte
 
     match_head(text, pattern, final) -> Head(name, arguments_at) | MORE | NO
 
+The name is a JSON string (STRING) or a Python identifier (IDENTIFIER: pythonic's calls, `[get_weather(`).
 MORE: the text is a proper beginning of the pattern (more text may complete it); NO: it is not (the caller reads
 the call whole instead, or as content). The answer depends on the text only, never on how it was split. Once a
 head matched, the call is a call: its arguments are the text of the object that opens at `arguments_at`, up to
@@ -16,15 +17,18 @@ its closing bracket (ArgumentsText), as the model wrote it.
 from __future__ import annotations
 
 import json
+import keyword
 import re
+import unicodedata
 from typing import NamedTuple
 
 from jaxllm.tool_calling.brackets import JsonEnd
 from jaxllm.tool_calling.stream import CallArguments, Step
 
-WS, STRING = "<whitespace>", "<string>"  # pattern parts; any other part is literal text, or a tuple of choices
-MORE, NO = "more", "no"
+WS, STRING, IDENTIFIER = "<whitespace>", "<string>", "<identifier>"  # pattern parts; any other part is literal
+MORE, NO = "more", "no"                                                # text, or a tuple of choices
 _STRING_BODY = re.compile(r'(?:[^"\\]|\\.)*', re.DOTALL)
+_WORD = re.compile(r"\w*")
 
 
 class Head(NamedTuple):
@@ -33,8 +37,8 @@ class Head(NamedTuple):
 
 
 def match_head(text: str, pattern: list, final: bool) -> Head | str:
-    """Whether `text` opens with `pattern` (its last part the arguments' "{"); the pattern's one STRING is the
-    name."""
+    """Whether `text` opens with `pattern` (its last part the arguments' opening); the pattern's one STRING or
+    IDENTIFIER is the name."""
     pos, name = 0, None
     for part in pattern:
         if pos == len(text):
@@ -42,8 +46,8 @@ def match_head(text: str, pattern: list, final: bool) -> Head | str:
         if part == WS:
             pos += len(text) - pos - len(text[pos:].lstrip())
             continue
-        if part == STRING:
-            end = _string_end(text, pos)
+        if part in (STRING, IDENTIFIER):
+            end = (_string_end if part == STRING else _identifier_end)(text, pos, final)
             if end in (MORE, NO):
                 return NO if final else end
             name, pos = end
@@ -67,7 +71,18 @@ def _literal(text: str, pos: int, choices: tuple[str, ...], final: bool) -> int 
     return NO
 
 
-def _string_end(text: str, pos: int) -> tuple[str, int] | str:
+def _identifier_end(text: str, pos: int, final: bool) -> tuple[str, int] | str:
+    """(the Python identifier, as Python reads it: NFKC-normalized, the index past it) opening at text[pos]."""
+    end = _WORD.match(text, pos).end()
+    if end == len(text) and not final:
+        return MORE  # the name may go on
+    name = text[pos:end]
+    if not name.isidentifier() or keyword.iskeyword(name):
+        return NO
+    return unicodedata.normalize("NFKC", name), end
+
+
+def _string_end(text: str, pos: int, final: bool) -> tuple[str, int] | str:
     """(the JSON string's value, the index past it) for the string opening at text[pos]."""
     if text[pos] != '"':
         return NO
