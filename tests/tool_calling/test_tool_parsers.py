@@ -124,18 +124,33 @@ PYTHONIC = [
     ("[write(text='''two\nlines with ] and ' inside''', path=\"a)b\")]", None,
      [("write", dumps({"text": "two\nlines with ] and ' inside", "path": "a)b"}))]),
     ("  [now()]\n\nCalling it now.", "Calling it now.", [("now", "{}")]),
+    ("[\n  search(q='a, b (c) [d] {e}', n=-2.5e3),\n  log(msg=\"say \\\"hi\\\" it's\", extra=None,),\n]", None,
+     [("search", '{"q": "a, b (c) [d] {e}", "n": -2500.0}'), ("log", dumps({"msg": 'say "hi" it\'s', "extra": None}))]),
+    ("[f(a='x\\'y\\\\', b=r'\\d+', c=(1, [2, {'k': ('v',)}]), d=\"é\" 'à', e=False)]", None,
+     [("f", dumps({"a": "x'y\\", "b": "\\d+", "c": [1, [2, {"k": ["v"]}]], "d": "éà", "e": False}))]),
+    ("[  ping ( ) , pong(x=1) ]", None, [("ping", "{}"), ("pong", '{"x": 1}')]),
+    ("[(f)(a=1)]", None, [("f", '{"a": 1}')]),  # not in the streamed form: read whole
     # not calls: content
     ("[1, 2, 3]", "[1, 2, 3]", []),
-    ("[f(1)]", "[f(1)]", []),
-    ("[f(a=b)]", "[f(a=b)]", []),
-    ("[f(a={1, 2})]", "[f(a={1, 2})]", []),
-    ("[f(**kw)]", "[f(**kw)]", []),
-    ("[f(a=1), 2]", "[f(a=1), 2]", []),
     ("[os.system(cmd='ls')]", "[os.system(cmd='ls')]", []),
     ("[]", "[]", []),
-    ("[f(a=1", "[f(a=1", []),
     ("Sure: [f(a=1)]", "Sure: [f(a=1)]", []),
     ("[1] Smith et al.", "[1] Smith et al.", []),
+    ("[True(a=1)]", "[True(a=1)]", []),
+    # a call whose head `[f(` was read is a call (its head was streamed): from where the text stops being well
+    # formed, its arguments are closed and the rest is content
+    ("[f(1)]", "1)]", [("f", "{}")]),
+    ("[f(a=b)]", "a=b)]", [("f", "{}")]),
+    ("[f(a=1, b={1, 2})]", "b={1, 2})]", [("f", '{"a": 1}')]),
+    ("[f(a=1, **kw)]", "**kw)]", [("f", '{"a": 1}')]),
+    ("[f(a=1, a=2)]", "a=2)]", [("f", '{"a": 1}')]),
+    ("[f(a=1e999, b=1j, c=b'x')]", "a=1e999, b=1j, c=b'x')]", [("f", "{}")]),
+    ("[f(a=1), 2]", ", 2]", [("f", '{"a": 1}')]),
+    ("[f(a=1) g(b=2)]", "g(b=2)]", [("f", '{"a": 1}')]),
+    ("[f(a=1], g(b=2)]", "a=1], g(b=2)]", [("f", "{}")]),
+    ("[f(a=1, b='x", "b='x", [("f", '{"a": 1}')]),  # the output ended inside the call
+    ("[f(a=1", "a=1", [("f", "{}")]),
+    ("[f(a=1)", None, [("f", '{"a": 1}')]),
 ]
 
 CASES = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for case in LLAMA3_JSON] \
