@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from jaxllm.tool_calling import ContentDelta, ToolCallDelta
+from jaxllm.tool_calling import ContentDelta, ToolCallDelta, assemble_tool_deltas, get_tool_parser
 
 
 def random_pieces(text: str, rng: random.Random) -> list[str]:
@@ -44,3 +44,21 @@ def check_delta_shapes(deltas: list) -> None:
             seen.append(delta.index)
         else:
             assert delta.id is None and delta.name is None and delta.index == seen[-1]
+
+
+def streamed(stream, pieces: list[str]) -> list:
+    """The deltas of a stream fed `pieces`, then finished."""
+    deltas = []
+    for piece in pieces:
+        deltas += stream.feed(piece)
+    return deltas + stream.finish()
+
+
+def check_streams_as_extracted(parser_name: str, text: str, pieces: list[str]) -> list:
+    """`text` streamed in `pieces` reassembles to the parser's extract() of the whole (ids aside), in well-shaped
+    deltas; the deltas."""
+    parser = get_tool_parser(parser_name)
+    deltas = streamed(parser.stream(), pieces)
+    check_delta_shapes(deltas)
+    assert without_ids(assemble_tool_deltas(deltas)) == without_ids(parser.extract(text)), (text, pieces)
+    return deltas

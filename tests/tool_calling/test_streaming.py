@@ -9,9 +9,8 @@ import random
 
 import pytest
 
-from jaxllm.tool_calling import (REASONING_PARSERS, TOOL_PARSERS, assemble_reasoning_deltas, assemble_tool_deltas,
-                                 get_reasoning_parser, get_tool_parser)
-from tests.tool_calling.helpers import check_delta_shapes, random_pieces, without_ids
+from jaxllm.tool_calling import REASONING_PARSERS, TOOL_PARSERS, assemble_reasoning_deltas, get_reasoning_parser
+from tests.tool_calling.helpers import check_streams_as_extracted, random_pieces, streamed
 from tests.tool_calling.test_reasoning import CASES as REASONING_CASES
 from tests.tool_calling.test_tool_parsers import CASES as TOOL_CASES
 
@@ -28,7 +27,8 @@ FRAGMENTS = {
                 '{"a": {"b": "]"}}', "[TOOL_CALLS]f[ARGS]", "[TOOL_CALLS] [", "}]", '[TOOL_CALLS]g{"b": []}',
                 '[TOOL_CALLS]f[ARGS]{"a": "[TOOL_CALLS]"}'],
     "pythonic": ["[f(a=1)]", "[f(a='x'), g(b=\"]\")]", "f(", "g(b=[1, (2, 3)])", "a=", "'''", '"""', "'''x]'''",
-                 "None", "True", "{'k': -1.5}", "[", "), "],
+                 "None", "True", "{'k': -1.5}", "[", "), ", "[f(", ", g(", "b=2, ", "c='a, b)', ", '"\\""', "d=(1,)",
+                 "x=", "**kw", "1j", "f(a=1, b=2)", ",)", ", ]", "=="],
 }
 FRAGMENTS["llama4_json"] = FRAGMENTS["llama3_json"]
 REASONING_FRAGMENTS = ["<think>", "</think>", "<thi", "</th", " ", "\n", "\n\n", "thought", "answer", "é🎉", "<", "/",
@@ -41,21 +41,9 @@ def random_text(rng: random.Random, fragments: list[str], *more: list[str]) -> s
     return "".join(rng.choice(rng.choice(lists)) for _ in range(rng.randint(0, 14)))
 
 
-def streamed(stream, pieces: list[str]) -> list:
-    deltas = []
-    for piece in pieces:
-        deltas += stream.feed(piece)
-    return deltas + stream.finish()
-
-
 def check_tool_stream(parser_name: str, text: str, rng: random.Random) -> None:
-    parser = get_tool_parser(parser_name)
-    whole = without_ids(parser.extract(text))
     for _ in range(3):
-        pieces = random_pieces(text, rng)
-        deltas = streamed(parser.stream(), pieces)
-        check_delta_shapes(deltas)
-        assert without_ids(assemble_tool_deltas(deltas)) == whole, (text, pieces)
+        check_streams_as_extracted(parser_name, text, random_pieces(text, rng))
 
 
 @pytest.mark.parametrize("seed", range(4))
