@@ -11,7 +11,8 @@ The name is a JSON string (STRING) or a Python identifier (IDENTIFIER: pythonic'
 MORE: the text is a proper beginning of the pattern (more text may complete it); NO: it is not (the caller reads
 the call whole instead, or as content). The answer depends on the text only, never on how it was split. Once a
 head matched, the call is a call: its arguments are the text of the object that opens at `arguments_at`, up to
-its closing bracket (ArgumentsText), as the model wrote it.
+its closing bracket (ArgumentsText), as the model wrote it (pythonic's Python arguments are converted to JSON
+instead, one keyword argument at a time: pythonic.py).
 """
 
 from __future__ import annotations

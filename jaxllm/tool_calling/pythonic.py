@@ -186,7 +186,8 @@ def parse_call(node: ast.expr) -> Call | None:
     if None in names or len(set(names)) < len(names):  # **kwargs; a repeated argument (Python refuses it)
         return None
     try:
-        return Call(node.func.id, json_text({keyword.arg: ast.literal_eval(keyword.value) for keyword in node.keywords}))
+        arguments = {keyword.arg: ast.literal_eval(keyword.value) for keyword in node.keywords}
+        return Call(node.func.id, json_text(arguments))
     except _VALUE_ERRORS:
         return None
 

@@ -1,5 +1,5 @@
-"""JsonEnd, PythonEnd and PythonItemEnd against the parsers they stand in for: on random nested values followed by more text,
-fed in random pieces, the end found is where json's raw_decode / the Python literal ends."""
+"""JsonEnd, PythonEnd and PythonItemEnd against the parsers they stand in for: on random nested values followed by
+more text, fed in random pieces, the end found is where json's raw_decode / the Python literal ends."""
 
 from __future__ import annotations
 
