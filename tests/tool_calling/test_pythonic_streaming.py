@@ -129,3 +129,27 @@ def test_random_values_convert_as_the_whole_list_does(seed):
         text, calls = random_call_list(rng)
         assert without_ids(get_tool_parser("pythonic").extract(text)) == (None, calls), text
         check_streams_as_extracted("pythonic", text, random_pieces(text, rng))
+
+
+def mutated(text: str, rng: random.Random) -> str:
+    """`text` with a character or two deleted or inserted, or cut short: how a model breaks a call list."""
+    for _ in range(rng.randint(1, 2)):
+        at, op = rng.randrange(len(text) + 1), rng.random()
+        if op < 0.4:
+            text = text[:at] + text[at + 1:]
+        elif op < 0.8:
+            text = text[:at] + rng.choice("()[]{},='\"\\ \nx1") + text[at:]
+        else:
+            text = text[:at]
+    return text
+
+
+def test_broken_lists_stream_as_extracted_and_well_formed_ones_read_as_the_ast_does():
+    rng = random.Random("broken")
+    for _ in range(300):
+        text = mutated(rng.choice(OUTPUTS) if rng.random() < 0.3 else random_call_list(rng)[0], rng)
+        check_streams_as_extracted("pythonic", text, random_pieces(text, rng))
+        whole = parse_calls(text.strip()) if text.strip().startswith("[") else None
+        if whole is not None:
+            expected = (None, [(call.name, call.arguments) for call in whole])
+            assert without_ids(get_tool_parser("pythonic").extract(text)) == expected, text
