@@ -26,6 +26,10 @@
 #include <thread>
 #include <vector>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -206,6 +210,148 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
   }
 }
 
+#ifdef __AVX512F__
+// The same item with AVX-512 for blocks of 16 keys and a head size kD that is a multiple of 16 (the common shapes):
+// a key's dot product stays a vector of 16 partial sums until the block's 16 keys are reduced together (SumEach),
+// the softmax runs on one vector of a block's scores, and alpha's exp is the same polynomial as the scores'.
+
+// 16 float32 lanes from 16 floats or 16 bfloat16 bit patterns.
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// Lane j: the sum of v[j]'s 16 lanes (a transpose and add in three shuffle levels, 45 instructions for 16 sums).
+inline __m512 SumEach(const __m512 (&v)[16]) {
+  __m512 pairs[8];  // per 128-bit lane L: the lane-L partials of v[2i] and v[2i+1], interleaved
+  for (int i = 0; i < 8; ++i)
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  __m512 quads[4];  // per 128-bit lane L: the lane-L sums of v[4i .. 4i+3]
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 lo = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], kEven),
+                                  _mm512_shuffle_f32x4(quads[0], quads[1], kOdd));
+  const __m512 hi = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], kEven),
+                                  _mm512_shuffle_f32x4(quads[2], quads[3], kOdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, kEven), _mm512_shuffle_f32x4(lo, hi, kOdd));
+}
+
+// ExpInPlace's polynomial on 16 lanes (x <= 0).
+inline __m512 Exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, k);
+}
+
+// Scores of one scaled query vector (kD / 16 registers) against the 16 keys of a [16, kD] block.
+template <int64_t kD>
+inline __m512 BlockScores(const __m512 (&q)[kD / 16], const float* k) {
+  __m512 partial[16];
+  for (int j = 0; j < 16; ++j) {
+    __m512 sum = _mm512_mul_ps(q[0], _mm512_loadu_ps(k + j * kD));
+    for (int c = 1; c < kD / 16; ++c) sum = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k + j * kD + 16 * c), sum);
+    partial[j] = sum;
+  }
+  return SumEach(partial);
+}
+
+// One online-softmax step of a query vector over the keys `visible` (a lane mask) of a block whose scores are s.
+template <int64_t kD>
+inline void SoftmaxStep16(__m512 s, __mmask16 visible, const float* v, float& m, float& denom, float* acc) {
+  s = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), s);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(s));
+  const float alpha = m == -INFINITY ? 0.0f : _mm512_cvtss_f32(Exp16(_mm512_set1_ps(m - m_new)));  // 0 at first
+  const __m512 p = _mm512_maskz_mov_ps(visible, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+  alignas(64) float p_lanes[16];
+  _mm512_store_ps(p_lanes, p);
+  __m512 out[kD / 16];
+  const __m512 alpha_v = _mm512_set1_ps(alpha);
+  for (int c = 0; c < kD / 16; ++c) out[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), alpha_v);
+  for (int j = 0; j < 16; ++j) {
+    if (!((visible >> j) & 1)) continue;
+    const __m512 pj = _mm512_set1_ps(p_lanes[j]);
+    for (int c = 0; c < kD / 16; ++c) out[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + j * kD + 16 * c), out[c]);
+  }
+  for (int c = 0; c < kD / 16; ++c) _mm512_storeu_ps(acc + 16 * c, out[c]);
+  denom = denom * alpha + _mm512_reduce_add_ps(p);
+  m = m_new;
+}
+
+// AttendItem for blocks of 16 keys and head size kD (a multiple of 16), with AVX-512.
+template <typename T, int64_t kD>
+void AttendItem16(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
+                  const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
+                  float* out) {
+  constexpr int64_t B = 16, kChunks = kD / 16;
+  const int64_t G = sh.num_q_heads / sh.num_kv_heads;
+  const int64_t num_vectors = item.count * G;  // vector t * G + g: token t of the tile, query head item.head * G + g
+  const int64_t q_len = starts[item.seq + 1] - starts[item.seq];
+  const int64_t first_pos = context_lens[item.seq] - q_len + item.first;
+  const int64_t kv_end = first_pos + item.count;
+
+  thread_local Scratch buf;
+  buf.q.resize(num_vectors * kD);
+  buf.acc.assign(num_vectors * kD, 0.0f);
+  buf.m.assign(num_vectors, -INFINITY);
+  buf.denom.assign(num_vectors, 0.0f);
+  buf.k.resize(B * kD);
+  buf.v.resize(B * kD);
+  for (int64_t t = 0; t < item.count; ++t) {
+    const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * kD;
+    for (int64_t i = 0; i < G * kD; ++i) buf.q[t * G * kD + i] = src[i] * opt.sm_scale;
+  }
+
+  const int64_t head_stride = B * kD, block_stride = sh.num_kv_heads * head_stride;
+  for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
+    const int64_t block = tables[item.seq * sh.max_blocks + b];
+    if ((b + 1) * B < kv_end) {
+      const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
+      Prefetch(k_layer + next, B * kD);
+      Prefetch(v_layer + next, B * kD);
+    }
+    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * kD, buf.k);
+    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * kD, buf.v);
+    for (int64_t t = 0; t < item.count; ++t) {
+      const int64_t end = std::min(B, first_pos + t + 1 - b * B);
+      const int64_t begin = std::max<int64_t>(0, FirstKey(first_pos + t, opt.sliding_window) - b * B);
+      if (end <= begin) continue;
+      const __mmask16 visible = static_cast<__mmask16>(((1u << end) - 1) & ~((1u << begin) - 1));
+      for (int64_t vec = t * G; vec < (t + 1) * G; ++vec) {
+        __m512 qv[kChunks];
+        for (int c = 0; c < kChunks; ++c) qv[c] = _mm512_loadu_ps(&buf.q[vec * kD + 16 * c]);
+        __m512 s = BlockScores<kD>(qv, k);
+        if (opt.logit_softcap > 0.0f) {
+          alignas(64) float lanes[16];
+          _mm512_store_ps(lanes, s);
+          SoftCap(lanes, B, opt.logit_softcap);
+          s = _mm512_load_ps(lanes);
+        }
+        SoftmaxStep16<kD>(s, visible, v, buf.m[vec], buf.denom[vec], &buf.acc[vec * kD]);
+      }
+    }
+  }
+  for (int64_t t = 0; t < item.count; ++t) {
+    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * kD;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t vec = t * G + g;
+      const float inv = buf.denom[vec] > 0.0f ? 1.0f / buf.denom[vec] : 0.0f;
+      for (int64_t d = 0; d < kD; ++d) dst[g * kD + d] = buf.acc[vec * kD + d] * inv;
+    }
+  }
+}
+#endif  // __AVX512F__
+
 // The work items of a step, longest first; an error names the first input that breaks the contract.
 ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, const int32_t* context_lens,
                      const int32_t* starts, int64_t sliding_window, std::vector<Item>& items) {
@@ -278,12 +424,17 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
       attend_item(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, opt, out);
     });
   };
+#ifdef __AVX512F__
+  constexpr bool kSimd = true;
+#else
+  constexpr bool kSimd = false;
+#endif
   if (sh.head_dim == 64 && sh.block_size == 16) {
-    attend_all(AttendItem<T, 64, 16>);
+    if constexpr (kSimd) attend_all(AttendItem16<T, 64>); else attend_all(AttendItem<T, 64, 16>);
   } else if (sh.head_dim == 128 && sh.block_size == 16) {
-    attend_all(AttendItem<T, 128, 16>);
+    if constexpr (kSimd) attend_all(AttendItem16<T, 128>); else attend_all(AttendItem<T, 128, 16>);
   } else if (sh.head_dim == 256 && sh.block_size == 16) {
-    attend_all(AttendItem<T, 256, 16>);
+    if constexpr (kSimd) attend_all(AttendItem16<T, 256>); else attend_all(AttendItem<T, 256, 16>);
   } else {
     attend_all(AttendItem<T, 0, 0>);
   }

@@ -31,6 +31,7 @@ CASES = [
     ("chunk_after_prefix", [(40, 16 * 12 + 1), (1, 2)], dict(num_q_heads=8, num_kv_heads=1, block_size=32)),
     ("head_dim_128", [(3, 20), (1, 50)], dict(num_q_heads=4, num_kv_heads=2, head_dim=128)),
     ("bf16", [(3, 50), (1, 1), (12, 70)], dict(num_q_heads=8, num_kv_heads=2, dtype=jnp.bfloat16)),
+    ("head_dim_256_bf16", [(1, 33), (4, 47)], dict(num_q_heads=4, num_kv_heads=1, head_dim=256, dtype=jnp.bfloat16)),
     ("padding_only", [], dict(num_q_heads=4, num_kv_heads=2, pad_seqs=3, pad_tokens=4)),
 ]
 
