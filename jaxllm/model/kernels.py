@@ -8,10 +8,11 @@
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
     moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed: the native kernel where it builds,
                                            else a jnp loop; work follows the routes, not E)
-    matvec16     direct, two_rows, native  native on CPU where it builds (a dot of a dense 2-D weight with at most
-                                           8 rows of x runs the native skinny kernel: weights.py), else two_rows (a
-                                           one-row dot with a 16-bit dense weight runs as a two-row product);
-                                           direct (XLA's own dot) on a GPU
+    matvec16     direct, two_rows, native  native on CPU where it builds (a dense 2-D weight's dot with at most 8
+                                           rows of x runs the native skinny kernel, save a one-row float32 dot:
+                                           weights.py), else two_rows (a one-row dot with a 16-bit dense weight runs
+                                           as a two-row product, as float16 ones do under native too); direct
+                                           (XLA's own dot) on a GPU
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
