@@ -2,9 +2,10 @@
 
 The library is compiled at first use with the system C++ compiler (`$CXX`, else `c++`) against the XLA FFI headers
 that jaxlib ships, for this CPU (`-march=native`), and cached under `$JAXLLM_CACHE_DIR` (default
-`~/.cache/jaxllm`) in a file named by a hash of everything that goes into it: the source, the flags, the compiler's
-version, jaxlib's version and this CPU's feature flags. A second process finds it there; concurrent builds each
-write a temporary file and the last rename wins, with identical contents.
+`~/.cache/jaxllm`) in a file named by a hash of everything that goes into it: the source, the shared headers beside
+this module (`*.h`, on the include path), the flags, the compiler's version, jaxlib's version and this CPU's feature
+flags. A second process finds it there; concurrent builds each write a temporary file and the last rename wins, with
+identical contents.
 
 `NativeBuildError` says why a library could not be built (no compiler, a compile error); callers fall back to a
 jnp path and say so.
@@ -29,6 +30,7 @@ CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
              # reassociation lets the compiler vectorize the dot products; infinities and NaNs keep their meaning
              "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast")
 BUILD_TIMEOUT_S = 300
+HEADER_DIR = Path(__file__).parent  # the kernels' shared headers (parallel_for.h), on the include path
 
 
 class NativeBuildError(RuntimeError):
@@ -39,8 +41,9 @@ class NativeBuildError(RuntimeError):
 def load_native_library(source: Path) -> ctypes.CDLL:
     """The shared library built from `source` (compiled now unless a cached build matches)."""
     compiler = _compiler()
-    command = [compiler, *CXX_FLAGS, f"-I{jax.ffi.include_dir()}"]
-    key = hashlib.sha256("\0".join([source.read_text(), *command, _compiler_version(compiler),
+    command = [compiler, *CXX_FLAGS, f"-I{jax.ffi.include_dir()}", f"-I{HEADER_DIR}"]
+    headers = [header.read_text() for header in sorted(HEADER_DIR.glob("*.h"))]
+    key = hashlib.sha256("\0".join([source.read_text(), *headers, *command, _compiler_version(compiler),
                                     jaxlib.__version__, cpu_flags()]).encode()).hexdigest()[:16]
     library = _cache_dir() / f"{source.stem}-{key}.so"
     if not library.exists():

@@ -44,7 +44,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.engine import compilation_cache, program_cache
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
-from jaxllm.model.kernels import Kernels
+from jaxllm.model.kernels import REFERENCE, Kernels
 from jaxllm.model.tensor_parallel import default_mesh
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import count_sampled, sample, token_logprobs
@@ -67,17 +67,18 @@ def _forward(params, kv, batch: StepBatch, prev_tokens, prev_rows, lora, *, conf
     return forward_hidden(params, kv, batch, config=config, kernels=kernels, mesh=mesh)
 
 
-def _logits(params, hidden, vocab_size: int, replicated: NamedSharding, softcap: float | None) -> jax.Array:
+def _logits(params, hidden, vocab_size: int, replicated: NamedSharding, softcap: float | None,
+            kernels: Kernels) -> jax.Array:
     """[R, V] float32 (soft-capped where the model caps its logits: Gemma 2). Over several devices the LM head is split over the vocabulary: gather the logits once here,
     or XLA partitions the sampler's vocabulary reductions into many small collectives (some in every top-p
     pass)."""
-    return jax.lax.with_sharding_constraint(compute_logits(params, hidden, vocab_size, softcap), replicated)
+    return jax.lax.with_sharding_constraint(compute_logits(params, hidden, vocab_size, softcap, kernels), replicated)
 
 
 def _sample(params, hidden, sampling: SamplingBatch, state: LogitState, *, num_rows: int, num_sample_rows: int,
-            vocab_size: int, replicated: NamedSharding, softcap: float | None = None):
+            vocab_size: int, replicated: NamedSharding, softcap: float | None = None, kernels: Kernels = REFERENCE):
     sampling = sampling.replace(state=state)
-    out = sample(_logits(params, hidden[:num_rows], vocab_size, replicated, softcap), sampling)  # logits [S, V]
+    out = sample(_logits(params, hidden[:num_rows], vocab_size, replicated, softcap, kernels), sampling)  # logits [S, V]
     next_tokens = jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
     return out, next_tokens, count_sampled(state, sampling, out.sampled_token_ids)
 
@@ -87,9 +88,9 @@ def _write_logit_rows(state: LogitState, slot, rows: LogitState) -> LogitState:
 
 
 def _prompt_logprobs(params, hidden, first_row, targets, *, vocab_size: int, replicated: NamedSharding,
-                     softcap: float | None = None):
+                     softcap: float | None = None, kernels: Kernels = REFERENCE):
     rows = jax.lax.dynamic_slice_in_dim(hidden, first_row, targets.shape[0])  # [P, H]
-    logprobs = jax.nn.log_softmax(_logits(params, rows, vocab_size, replicated, softcap), axis=-1)  # [P, V]
+    logprobs = jax.nn.log_softmax(_logits(params, rows, vocab_size, replicated, softcap, kernels), axis=-1)  # [P, V]
     return token_logprobs(logprobs, targets, min(MAX_LOGPROBS, logprobs.shape[1]))
 
 
@@ -120,16 +121,18 @@ class StepPrograms:
         self._devices = list(mesh.devices.flat)  # where a program loaded from the disk runs
         self._replicated = NamedSharding(mesh, PartitionSpec())
         vocab = config.vocab_size
+        head_kernels = kernels if mesh.size == 1 else REFERENCE  # the LM head split over devices: XLA's dot
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, config=config, kernels=kernels, mesh=mesh),
                                donate_argnums=(1,)),
             "sample": jax.jit(functools.partial(_sample, vocab_size=vocab, replicated=self._replicated,
-                                                softcap=config.final_logit_softcap),
+                                                softcap=config.final_logit_softcap, kernels=head_kernels),
                               static_argnames=("num_rows", "num_sample_rows"), donate_argnums=(3,)),
             "write_logit_rows": jax.jit(_write_logit_rows, donate_argnums=(0,)),
             "prompt_logprobs": jax.jit(functools.partial(_prompt_logprobs, vocab_size=vocab,
                                                          replicated=self._replicated,
-                                                         softcap=config.final_logit_softcap)),
+                                                         softcap=config.final_logit_softcap,
+                                                         kernels=head_kernels)),
         }
         self.compiled: dict[ProgramKey, Any] = {}
         self.compile_seconds = 0.0

@@ -8,8 +8,11 @@
     kv_write     cpu, reference            cpu on CPU where it builds (XLA:CPU has no bfloat16 scatter); else reference
     moe          pallas, cpu, reference    pallas on a GPU; else cpu (routed: the native kernel where it builds,
                                            else a jnp loop; work follows the routes, not E)
-    matvec16     direct, two_rows          two_rows on CPU (a one-row dot with a 16-bit dense weight runs as a
-                                           two-row product: weights.py); direct (XLA's own dot) on a GPU
+    matvec16     direct, two_rows, native  native on CPU where it builds (a dense 2-D weight's dot with at most 8
+                                           rows of x runs the native skinny kernel, save a one-row float32 dot:
+                                           weights.py), else two_rows (a one-row dot with a 16-bit dense weight runs
+                                           as a two-row product, as float16 ones do under native too); direct
+                                           (XLA's own dot) on a GPU
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -25,12 +28,13 @@ import jax
 
 from pallas_kernels.paged_attention.cpu_kernel import cpu_kernel_error
 from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv_error
+from pallas_kernels.skinny_matmul.cpu import skinny_kernel_error
 
 logger = logging.getLogger(__name__)
 
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
-           "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows")}
+           "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows", "native")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ def select_kernels(attention: str = "auto", awq_matmul: str = "auto", lora_matmu
     return Kernels(attention=resolve_attention(attention),
                    awq_matmul=_pallas_on_gpu(awq_matmul, gpu), lora_matmul=_pallas_on_gpu(lora_matmul, gpu),
                    kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu),
-                   matvec16="direct" if gpu else "two_rows", interpret=not gpu)
+                   matvec16=_resolve_matvec16(gpu), interpret=not gpu)
 
 
 def resolve_attention(name: str) -> str:
@@ -101,6 +105,12 @@ def _resolve_moe(name: str, gpu: bool) -> str:
     if name == "auto":
         return "pallas" if gpu else "cpu"
     return name
+
+
+def _resolve_matvec16(gpu: bool) -> str:
+    if gpu:
+        return "direct"
+    return "native" if skinny_kernel_error() is None else "two_rows"
 
 
 def _cpu_or_reference() -> str:

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from jaxllm.config import ModelConfig
 from jaxllm.model.attention import attend
-from jaxllm.model.kernels import Kernels
+from jaxllm.model import weights
+from jaxllm.model.kernels import REFERENCE, Kernels
 from jaxllm.model.kv_cache import KVCache, write_kv
 from jaxllm.model.layers import apply_rope, gated_mlp, linear, rms_norm, rope_cos_sin, rope_inv_freq, soft_cap
 from jaxllm.model.moe import moe_mlp
@@ -113,12 +114,13 @@ def _post_norm(x: jax.Array, weight: jax.Array | None, config: ModelConfig) -> j
 
 
 def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | None = None,
-                   softcap: float | None = None) -> jax.Array:
+                   softcap: float | None = None, kernels: Kernels = REFERENCE) -> jax.Array:
     """Final-normed hidden states [R, H] -> logits [R, V] float32, through the (tied or untied) LM head; the first
     vocab_size columns when the head is padded (tensor_parallel.py pads it to a multiple of the devices); softcap
-    (config.final_logit_softcap, Gemma 2): logits -> c * tanh(logits / c)."""
+    (config.final_logit_softcap, Gemma 2): logits -> c * tanh(logits / c). `kernels` picks the head's dot (weights.dot):
+    the plain dot unless the head lies whole on one device."""
     lm_head = params.embed if params.lm_head is None else params.lm_head  # [V, H]
-    logits = jax.lax.dot_general(hidden, lm_head, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    logits = weights.dot(hidden, lm_head, kernels)  # [R, V] float32
     logits = logits if vocab_size is None or vocab_size == logits.shape[1] else logits[:, :vocab_size]
     return soft_cap(logits, softcap)
 

@@ -277,7 +277,8 @@ def forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config:
     """(logits [R, V] float32 at batch.logits_indices, kv_cache): forward_hidden and the LM head (its vocabulary
     shards, when split, joined by XLA)."""
     hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, kernels=kernels, mesh=mesh)
-    return compute_logits(params, hidden, config.vocab_size, config.final_logit_softcap), kv_cache
+    head_kernels = kernels if (mesh or default_mesh()).size == 1 else REFERENCE  # a split head: XLA's dot
+    return compute_logits(params, hidden, config.vocab_size, config.final_logit_softcap, head_kernels), kv_cache
 
 
 def _all_reduce(partial: jax.Array) -> jax.Array:

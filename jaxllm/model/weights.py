@@ -28,6 +28,7 @@ from flax import struct
 
 from jaxllm.model.host_arrays import aligned_concatenate
 from jaxllm.model.kernels import REFERENCE, Kernels
+from pallas_kernels.skinny_matmul.cpu import skinny_matmul, skinny_supports
 
 Axes = tuple  # logical axis names of one array, e.g. ("layers", "heads", "embed")
 
@@ -62,9 +63,21 @@ def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE) -> jax.Array:
     """x [..., K] @ w.T -> [..., N] float32, whatever w's format."""
     if isinstance(w, WeightFormat):
         return w.dot(x, kernels)
-    if kernels.matvec16 == "two_rows" and w.ndim == 2 and w.dtype.itemsize == 2 and math.prod(x.shape[:-1]) == 1:
+    if kernels.matvec16 == "native" and _takes_skinny(x, w):
+        return skinny_matmul(x, w)
+    if kernels.matvec16 in ("two_rows", "native") and w.ndim == 2 and w.dtype.itemsize == 2 and _rows(x) == 1:
         return _two_row_dot(x, w)
     return dense_dot(x, w)
+
+
+def _rows(x: jax.Array) -> int:
+    return math.prod(x.shape[:-1])
+
+
+def _takes_skinny(x: jax.Array, w: jax.Array) -> bool:
+    """Whether the native skinny kernel runs this dense dot: a 2-D w with at most its MAX_ROWS rows of x, except
+    a one-row dot with a float32 w, which XLA already runs at the weight-read rate (benchmarks/RESULTS.md)."""
+    return skinny_supports(x, w) and (w.dtype.itemsize == 2 or _rows(x) >= 2)
 
 
 def dense_dot(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -17,13 +17,10 @@
 // first on XLA's intra-op thread pool and the calling thread; each keeps an online softmax in float32.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #ifdef __AVX512F__
@@ -31,6 +28,7 @@
 #endif
 
 #include "xla/ffi/api/ffi.h"
+#include "parallel_for.h"
 
 namespace ffi = xla::ffi;
 
@@ -381,31 +379,6 @@ ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, 
   return ffi::Error::Success();
 }
 
-// Runs work(i) for i in 0 .. n on the calling thread and on the pool's threads. Returns once every item is done;
-// a pool task that starts later finds no item left and touches nothing but the shared counters.
-template <typename Work>
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, Work work) {
-  struct Counters {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto counters = std::make_shared<Counters>();
-  auto run = [counters, n](auto& fn) {
-    for (int64_t i; (i = counters->next.fetch_add(1)) < n;) {
-      fn(i);
-      counters->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
-  auto shared_work = std::make_shared<Work>(work);
-  for (int64_t i = 0; i < helpers; ++i) {
-    pool.Schedule([counters, n, shared_work, run]() mutable {
-      if (counters->next.load() < n) run(*shared_work);
-    });
-  }
-  run(work);
-  while (counters->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
-}
-
 template <typename T>
 ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi::Buffer<ffi::F32> q,
                   ffi::AnyBuffer k_pool, ffi::AnyBuffer v_pool, int64_t layer, const int32_t* tables,
@@ -420,7 +393,7 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
   const float* q_data = q.typed_data();
   std::memset(out, 0, sizeof(float) * sh.num_tokens * sh.num_q_heads * sh.head_dim);
   auto attend_all = [&](auto attend_item) {
-    ParallelFor(pool, static_cast<int64_t>(items.size()), [&](int64_t i) {
+    jaxllm::ParallelFor(pool, static_cast<int64_t>(items.size()), [&](int64_t i) {
       attend_item(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, opt, out);
     });
   };

@@ -1,5 +1,7 @@
-"""One-row dots with 16-bit dense weights as two-row products (Kernels.matvec16 "two_rows", the CPU choice): equal
-to the plain dot (the jnp reference, "direct"), alone and in a whole batch-1 forward."""
+"""The dense dots' CPU dispatch (Kernels.matvec16): "two_rows" (a one-row dot with a 16-bit dense weight as a two-row
+product) and "native" (the CPU choice where the native skinny kernel builds: a dense 2-D weight's dot with at most
+8 rows, save a one-row dot with a float32 weight) equal the plain dot (the jnp reference, "direct"), alone and in a
+whole batch-1 forward; which dots each takes is read from the lowered program."""
 
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ import pytest
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, select_kernels
 from jaxllm.model import weights
+from jaxllm.model.awq_weight import AWQWeight
 from jaxllm.model.kernels import REFERENCE
+from pallas_kernels.skinny_matmul.cpu import KERNEL as SKINNY, MAX_ROWS, skinny_kernel_error
 
 TWO_ROWS = dataclasses.replace(REFERENCE, matvec16="two_rows")
+NATIVE = dataclasses.replace(REFERENCE, matvec16="native")
+ON_CPU = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the native skinny kernel is a CPU kernel")
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=160, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=16)
 
@@ -44,16 +50,61 @@ def test_only_one_row_of_a_16_bit_weight_takes_it():
     assert barriers(x1, jnp.ones((3, 8, 64), jnp.bfloat16)) == 0  # stacked weights [E, N, K]: the plain dot
 
 
-def test_cpu_kernels_choose_two_rows_and_a_batch_1_forward_is_unchanged():
-    assert select_kernels("reference").matvec16 == ("direct" if jax.default_backend() == "gpu" else "two_rows")
+def skinny_calls(x, w) -> int:
+    """How many skinny-kernel calls the "native" dispatch of dot(x, w) lowers to."""
+    return jax.jit(lambda x, w: weights.dot(x, w, NATIVE)).lower(x, w).as_text().count(f"custom_call @{SKINNY.name}(")
+
+
+@ON_CPU
+def test_which_dots_take_the_native_kernel():
+    w16, w32 = jnp.ones((8, 64), jnp.bfloat16), jnp.ones((8, 64), jnp.float32)
+    for rows in (1, 5, MAX_ROWS):
+        assert skinny_calls(jnp.ones((rows, 64), jnp.bfloat16), w16) == 1
+        assert skinny_calls(jnp.ones((rows, 64), jnp.float32), w16) == 1
+    assert skinny_calls(jnp.ones((1, 1, 64), jnp.bfloat16), w16) == 1  # leading axes of one row in all
+    for rows in (2, 5, MAX_ROWS):
+        assert skinny_calls(jnp.ones((rows, 64), jnp.float32), w32) == 1
+    assert skinny_calls(jnp.ones((1, 64), jnp.float32), w32) == 0  # XLA's one-row float32 dot: already as fast
+    assert skinny_calls(jnp.ones((MAX_ROWS + 1, 64), jnp.bfloat16), w16) == 0  # above the bound
+    assert skinny_calls(jnp.ones((1, 64), jnp.bfloat16), jnp.ones((3, 8, 64), jnp.bfloat16)) == 0  # [E, N, K]
+    assert skinny_calls(jnp.ones((1, 64), jnp.float16), jnp.ones((8, 64), jnp.float16)) == 0  # not its dtype
+
+
+@ON_CPU
+def test_weight_formats_do_not_take_the_native_kernel():
+    k, n, group = 64, 8, 32
+    awq = AWQWeight(qweight=jnp.zeros((k // 8, n), jnp.int32), zeros=jnp.zeros((k // group, n), jnp.int8),
+                    scales=jnp.ones((k // group, n), jnp.float16))  # a packed int4 W [N, K]
+    assert skinny_calls(jnp.ones((1, k), jnp.bfloat16), awq) == 0
+
+
+@ON_CPU
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_native_equals_the_plain_dot(rows, dtype):
+    kx, kw = jax.random.split(jax.random.key(rows))
+    x = jax.random.normal(kx, (rows, 64), dtype)
+    w = jax.random.normal(kw, (96, 64), dtype)  # [N, K]
+    got = jax.jit(lambda x, w: weights.dot(x, w, NATIVE))(x, w)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(weights.dense_dot(x, w)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_cpu_kernels_choice_and_a_forward_of_one_sequence_is_unchanged(num_tokens):
+    cpu_choice = "native" if skinny_kernel_error() is None else "two_rows"
+    assert select_kernels("reference").matvec16 == ("direct" if jax.default_backend() == "gpu" else cpu_choice)
     params = random_params(CONFIG, jax.random.key(1), jnp.bfloat16)
-    batch = build_step_batch([SequenceChunk([5], 20, [2, 3])], 16, num_tokens=1, num_seqs=1, max_blocks=2)
+    chunk = SequenceChunk(list(range(5, 5 + num_tokens)), 20, [2, 3], want_logits="all")
+    batch = build_step_batch([chunk], 16, num_tokens=num_tokens, num_seqs=1, max_blocks=2)
     logits = {}
-    for kernels in (REFERENCE, TWO_ROWS):
+    for kernels in (REFERENCE, TWO_ROWS, NATIVE) if skinny_kernel_error() is None else (REFERENCE, TWO_ROWS):
         kv = init_kv_cache(CONFIG, 8, 16, jnp.bfloat16)
         logits[kernels.matvec16], _ = jit_forward(CONFIG, kernels)(params, kv, batch)
     direct = np.asarray(logits["direct"])
-    # bfloat16 activations: a last-bit difference in a float32 sum can round an activation to its bf16 neighbour
-    # (relative 2^-8), and that propagates; within bf16's precision of the logits' scale, and the same argmax
-    np.testing.assert_allclose(np.asarray(logits["two_rows"]), direct, rtol=0, atol=1e-2 * np.abs(direct).max())
-    assert (np.argmax(logits["two_rows"], -1) == np.argmax(direct, -1)).all()
+    assert direct.shape == (num_tokens, CONFIG.vocab_size)
+    for name in set(logits) - {"direct"}:
+        # bfloat16 activations: a last-bit difference in a float32 sum can round an activation to its bf16
+        # neighbour (relative 2^-8), and that propagates; within bf16's precision of the logits' scale, and the
+        # same argmax
+        np.testing.assert_allclose(np.asarray(logits[name]), direct, rtol=0, atol=1e-2 * np.abs(direct).max())
+        assert (np.argmax(logits[name], -1) == np.argmax(direct, -1)).all()

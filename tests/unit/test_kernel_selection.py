@@ -32,8 +32,15 @@ def test_only_the_kernel_selection_reads_the_backend():
 def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
     monkeypatch.setattr(kernels, "cpu_kernel_error", lambda: None)
     monkeypatch.setattr(kernels, "cpu_write_kv_error", lambda: None)
+    monkeypatch.setattr(kernels, "skinny_kernel_error", lambda: None)
     assert select_kernels() == Kernels(attention="cpu", awq_matmul="reference", lora_matmul="reference",
-                                       kv_write="cpu", moe="cpu", matvec16="two_rows", interpret=True)
+                                       kv_write="cpu", moe="cpu", matvec16="native", interpret=True)
+
+
+@ON_CPU
+def test_without_the_skinny_kernel_cpu_dots_take_two_rows(monkeypatch):
+    monkeypatch.setattr(kernels, "skinny_kernel_error", lambda: "no compiler")
+    assert select_kernels().matvec16 == "two_rows"
 
 
 def test_auto_on_a_gpu_is_pallas_everywhere(monkeypatch):
