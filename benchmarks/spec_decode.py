@@ -56,6 +56,7 @@ def main() -> None:
         draft = {"model": str(resolve_model(None).path), "num_speculative_tokens": args.k}
         engines["draft-self"] = LLM(**common, speculative_config=draft)
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    copy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)  # a copy ends where the model ends it
     rng = np.random.RandomState(0)
     workloads = {
         "repetitive": [[{"role": "user", "content": f"Repeat this text exactly, word for word:\n\n{text}"}]
@@ -71,16 +72,20 @@ def main() -> None:
     report = {}
     for name, prompts in workloads.items():
         totals = {engine: [0, 0.0] for engine in engines}
+        lengths = {engine: [] for engine in engines}
         before = {engine: llm.engine.stats() for engine, llm in engines.items()}
         for i, prompt in enumerate(prompts):
             for engine, llm in engines.items():
                 run = llm.chat if name == "repetitive" else llm.generate
-                outputs = run([prompt], sampled[i] if name == "random-sampled" else greedy, use_tqdm=False)
+                params = {"repetitive": copy, "random": greedy, "random-sampled": sampled[i]}[name]
+                outputs = run([prompt], params, use_tqdm=False)
+                lengths[engine].append(len(outputs[0].outputs[0].token_ids))
                 tokens, seconds = decode_rate(outputs)
                 totals[engine][0] += tokens
                 totals[engine][1] += seconds
         rates = {engine: tokens / seconds for engine, (tokens, seconds) in totals.items()}
-        report[name] = {"decode_tok_s": {e: round(r, 1) for e, r in rates.items()}}
+        report[name] = {"decode_tok_s": {e: round(r, 1) for e, r in rates.items()},
+                        "output_tokens": lengths["plain"]}
         for engine in engines.keys() - {"plain"}:
             after = engines[engine].engine.stats()
             proposed, accepted = (after[key] - before[engine][key] for key in ("spec_decode_num_draft_tokens",
