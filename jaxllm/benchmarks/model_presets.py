@@ -36,6 +36,13 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         architecture="llama", vocab_size=1024, hidden_size=128, intermediate_size=256, num_layers=2,
         num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, rope_theta=10000.0,
         max_position_embeddings=512, tie_word_embeddings=False),
+    # tests: Qwen2-MoE-shaped, layer 0 sparse (8 experts of width 32, 2 per token, a shared expert of 48), layer 1
+    # dense (intermediate 128), untied head
+    "tiny-moe": ModelConfig(
+        architecture="qwen2_moe", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
+        shared_expert_intermediate_size=48, dense_layers=(1,)),
 }
 
 

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 from jaxllm.benchmarks.harness import time_jitted
 from jaxllm.benchmarks.model_flops import decode_step_flops
 from jaxllm.benchmarks.model_presets import model_preset
-from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, forward, init_kv_cache
 from jaxllm.model.params import abstract_params
 
@@ -47,11 +46,7 @@ def test_matches_xla_cost_analysis_on_a_one_layer_model():
     assert counted <= timing.flops <= 1.1 * counted, (counted, timing.flops)  # measured 1.01x
 
 
-# a Qwen2-MoE-shaped toy: layer 0 sparse (8 experts of width 32, 2 per token, a shared expert of 48), layer 1 dense
-TINY_MOE = ModelConfig(
-    architecture="qwen2_moe", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-    shared_expert_intermediate_size=48, dense_layers=(1,))
+TINY_MOE = model_preset("tiny-moe")  # layer 0 sparse (8 experts of width 32, 2 per token, shared 48), 1 dense
 
 
 def test_a_moe_layer_counts_the_routed_experts_the_router_and_the_shared_expert():
