@@ -82,3 +82,21 @@ def test_decode_step_bytes_count_weights_once_and_kv_per_token():
     assert decode_step_bytes(tied, tied_config, 1, 0, jnp.bfloat16)["weights"] == param_bytes(tied)
     int4 = decode_step_bytes(device_random_awq_params(CONFIG), CONFIG, 1, 1000, jnp.bfloat16)
     assert int4["weights"] < one["weights"] / 2 and int4["kv"] == one["kv"]
+
+
+TINY_MOE = model_preset("tiny-moe")  # H 64; layer 0: 8 experts of width 32, k = 2, shared 48; layer 1 dense 128
+
+
+def test_decode_step_bytes_read_the_routed_experts_of_a_moe_layer():
+    params = abstract_params(TINY_MOE, jnp.bfloat16)
+    attention = ((4 + 2 * 2) * 16 * 64 + 64 * 64 + 2 * 64) * 2  # q|k|v, o and the two norms of a layer, bf16
+    router_and_shared = (8 * 64 + 96 * 64 + 64 * 48 + 64) * 2  # router, shared gate|up and down, shared gate
+    dense_mlp = (256 * 64 + 64 * 128) * 2
+    one_expert = (64 * 64 + 64 * 32) * 2  # its gate|up [2I, H] and down [H, I]
+    final_norm, lm_head, embed_row = 64 * 2, 256 * 64 * 2, 64 * 2  # untied: the head whole, a table row a token
+    for batch_size, experts in [(1, 2), (3, 6), (4, 8), (16, 8)]:  # min(E, batch * k) distinct experts
+        expected = (2 * attention + router_and_shared + dense_mlp + final_norm + lm_head + batch_size * embed_row
+                    + experts * one_expert)
+        assert decode_step_bytes(params, TINY_MOE, batch_size, 0, jnp.bfloat16)["weights"] == expected, batch_size
+    all_experts = decode_step_bytes(params, TINY_MOE, 4, 0, jnp.bfloat16)["weights"]  # every weight but the table
+    assert all_experts == param_bytes(params) - 256 * 64 * 2 + 4 * embed_row
