@@ -1,7 +1,8 @@
 """The Llama-3-8B step compiled for an H200: the forward reads every weight where it lies, and the engine's
 programs (forward, sampler, prompt logprobs, logit-state write) compile in bfloat16, with int4 AWQ weights, with LoRA slots and over
 two devices. A Qwen3-30B-A3B-shaped mixture-of-experts step (its per-layer shapes, 4 layers) passes the same decode
-checks with the Pallas MoE kernel, at batch sizes from 1 token (8 of 128 experts routed) to 64 (every expert).
+checks with the Pallas MoE kernel, at batch sizes from 1 token (8 of 128 experts routed) to 64 (every expert),
+and the engine's forward programs at its shapes (decode-only T = 1, T = 512) write no weight either.
 
 "Where it lies": no instruction of the compiled program writes a new array the shape of a weight (a weight sliced
 out of a layer stack, copied or converted before its GEMM would; for a MoE layer also one expert's slice of its
@@ -137,19 +138,19 @@ def test_moe_decode_reads_each_expert_where_it_lies(h200, batch_size):
         assert len(report.kernels_named(prefix)) == MOE_CONFIG.num_layers, (prefix, [k.name for k in report.kernels])
 
 
-def engine_programs(h200, *, lora: bool = False, weights: str = "bf16"):
-    """The engine's StepPrograms over the compile-only mesh, with the 8B params and pool split over it as the
-    runner places them (abstract), and the LoRA slots (4 adapters of rank 16) when asked for."""
+def engine_programs(h200, *, lora: bool = False, weights: str = "bf16", config=CONFIG):
+    """The engine's StepPrograms over the compile-only mesh, with the params (the 8B by default) and pool split
+    over it as the runner places them (abstract), and the LoRA slots (4 adapters of rank 16) when asked for."""
     mesh = h200.mesh
-    params = abstract_params(weights)
+    params = abstract_params(weights, config)
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
                           tp.param_shardings(params, mesh))
-    kv = jax.eval_shape(lambda: tp.init_kv_cache(CONFIG, 2048, BLOCK, jnp.bfloat16, mesh=mesh))
+    kv = jax.eval_shape(lambda: tp.init_kv_cache(config, 2048, BLOCK, jnp.bfloat16, mesh=mesh))
     slots = None
     if lora:
-        slots = jax.eval_shape(lambda: device_slots.init_slots(CONFIG, 4, 16, jnp.bfloat16, mesh))
+        slots = jax.eval_shape(lambda: device_slots.init_slots(config, 4, 16, jnp.bfloat16, mesh))
     buckets = Buckets(max_num_batched_tokens=512, max_num_seqs=256, decode_only_programs=True)
-    programs = StepPrograms(CONFIG, select_kernels("pallas"), buckets, max_blocks_per_seq=512, mesh=mesh,
+    programs = StepPrograms(config, select_kernels("pallas"), buckets, max_blocks_per_seq=512, mesh=mesh,
                             lora_slots=slots)
     return programs, params, kv
 
@@ -172,6 +173,15 @@ def test_engine_programs_compile_at_8b(h200, key):
         assert len(report.kernels_named(kernel)) == CONFIG.num_layers
     if key.kind in ("sample", "write_logit_rows"):  # the donated logit state is updated in place
         assert report.memory.alias_size_in_bytes == nbytes(programs.abstract_logit_state())
+
+
+@pytest.mark.parametrize("key", [ProgramKey("forward", 1, decode_only=True), ProgramKey("forward", 512)], ids=str)
+def test_engine_forward_compiles_at_moe_shapes(h200, key):
+    programs, params, kv = engine_programs(h200, config=MOE_CONFIG)
+    report = compile_program(h200, programs, key, params, kv)
+    assert materialized(report.hlo, matrix_shapes(params)) == []
+    for prefix in ("moe_gate_up", "moe_down"):
+        assert len(report.kernels_named(prefix)) == MOE_CONFIG.num_layers, prefix
 
 
 @pytest.mark.parametrize("weights", ["bf16", "awq"])
