@@ -6,9 +6,9 @@ and the engine's forward programs at its shapes (decode-only T = 1, T = 512) wri
 
 "Where it lies": no instruction of the compiled program writes a new array the shape of a weight (a weight sliced
 out of a layer stack, copied or converted before its GEMM would; for a MoE layer also one expert's slice of its
-[E, ...] stacks, which a gather of the routed experts would write), no temporary buffer is as large as one weight,
-and the bytes the program's kernels move (deviceless.kernel_traffic, plus the K/V the attention reads) stay within
-1.15x of the weight and K/V bytes a batch-1 decode must read. The donated KV pool is aliased to the output, and
+[E, ...] stacks, which a gather of the routed experts would write), at batch 1 no temporary buffer is as large as
+one weight, and the bytes the program's kernels move (deviceless.kernel_traffic, plus the K/V the attention reads)
+stay within 1.15x of the weight bytes and the batch's K/V. The donated KV pool is aliased to the output, and
 so is the donated logit state (penalty counts, flags and bias per slot) of the sampler and of its write program.
 """
 
