@@ -7,8 +7,13 @@ compile). Why on the device: an int4 model made on the host (RTN of dense weight
 every weight in numpy, minutes at 8B; here the packed words are drawn directly (any 32 random bits are eight valid
 4-bit codes), so an 8B int4 model takes about as long as its bytes take to write.
 
-Values: linear weights N(0, 0.02) (dense) or uniform codes, zero points and scales whose dequantized weights have
-roughly the dense ones' scale (AWQ); norm weights 1. They make no sensible text; timings do not depend on them.
+A MoE config's sparse layers get its router [E, H], expert stacks [E, 2I, H] and [E, H, I] and (Qwen2-MoE) shared
+expert and gate, its dense layers the dense MLP: one program per layer kind. AWQ applies to dense models only (the
+loaders refuse AWQ MoE checkpoints; the experts have no int4 kernel).
+
+Values: linear weights N(0, 0.02) (dense; the routers and experts too) or uniform codes, zero points and scales
+whose dequantized weights have roughly the dense ones' scale (AWQ); norm weights 1. They make no sensible text (nor
+a sensible routing: near-uniform router logits); timings do not depend on them.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ SCALE = 0.02  # standard deviation of the dense weights, as random_params
 
 def device_random_params(config: ModelConfig, seed: int = 0, dtype=jnp.bfloat16) -> LlamaParams:
     """A LlamaParams of random `dtype` weights on the default device (each layer's arrays of their own)."""
-    layers = tuple(_dense_layer(config, dtype, seed, layer) for layer in range(config.num_layers))
+    layers = tuple(_dense_layer(config, dtype, config.is_moe_layer(layer), seed, layer)
+                   for layer in range(config.num_layers))
     return LlamaParams(layers=layers, **_globals(config, dtype, seed))
 
 
@@ -38,6 +44,8 @@ def device_random_awq_params(config: ModelConfig, seed: int = 0, dtype=jnp.bfloa
     scales in scale_dtype (default: dtype, the kernel's fast 16-bit dequantization; float16 with bf16 activations
     takes its float32 path); the rest in dtype. base: take embed, final_norm and lm_head from these params (the
     same device arrays, no copy) instead of drawing new ones."""
+    if config.num_experts:
+        raise ValueError(f"random AWQ weights are for dense models; this config has {config.num_experts} experts")
     scale_dtype = jnp.dtype(dtype if scale_dtype is None else scale_dtype)
     layers = tuple(_awq_layer(config, jnp.dtype(dtype), group_size, scale_dtype, seed, layer)
                    for layer in range(config.num_layers))
@@ -56,12 +64,19 @@ def _globals(config: ModelConfig, dtype, seed) -> dict:
     return out
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _dense_layer(config: ModelConfig, dtype, seed, layer) -> LayerParams:
-    """One layer's weights; seed and layer are traced, so all layers share the program."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _dense_layer(config: ModelConfig, dtype, sparse: bool, seed, layer) -> LayerParams:
+    """One layer's weights, a MoE layer's where `sparse`; seed and layer are traced, so all layers of a kind
+    share the program."""
     key = jax.random.fold_in(jax.random.key(seed), layer)
+    shapes = layer_param_shapes(config, _first_layer(config, sparse))
     return LayerParams(**{name: _ones_or_normal(name, shape, dtype, jax.random.fold_in(key, i))
-                          for i, (name, shape) in enumerate(sorted(layer_param_shapes(config).items()))})
+                          for i, (name, shape) in enumerate(sorted(shapes.items()))})
+
+
+def _first_layer(config: ModelConfig, sparse: bool) -> int:
+    """The first layer of the kind (sparse or dense): its shapes are every such layer's."""
+    return next(i for i in range(config.num_layers) if config.is_moe_layer(i) == sparse)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))

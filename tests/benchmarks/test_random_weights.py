@@ -1,4 +1,5 @@
-"""Random weights made on the device (dense and int4 AWQ) and the bytes a decode step must read."""
+"""Random weights made on the device (dense, int4 AWQ and mixture-of-experts) and the bytes a decode step must read
+(a MoE layer's routed experts only, against a hand count)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,46 @@ def test_decode_step_bytes_count_weights_once_and_kv_per_token():
     assert decode_step_bytes(tied, tied_config, 1, 0, jnp.bfloat16)["weights"] == param_bytes(tied)
     int4 = decode_step_bytes(device_random_awq_params(CONFIG), CONFIG, 1, 1000, jnp.bfloat16)
     assert int4["weights"] < one["weights"] / 2 and int4["kv"] == one["kv"]
+
+
+TINY_MOE = model_preset("tiny-moe")  # H 64; layer 0: 8 experts of width 32, k = 2, shared 48; layer 1 dense 128
+
+
+def test_decode_step_bytes_read_the_routed_experts_of_a_moe_layer():
+    params = abstract_params(TINY_MOE, jnp.bfloat16)
+    attention = ((4 + 2 * 2) * 16 * 64 + 64 * 64 + 2 * 64) * 2  # q|k|v, o and the two norms of a layer, bf16
+    router_and_shared = (8 * 64 + 96 * 64 + 64 * 48 + 64) * 2  # router, shared gate|up and down, shared gate
+    dense_mlp = (256 * 64 + 64 * 128) * 2
+    one_expert = (64 * 64 + 64 * 32) * 2  # its gate|up [2I, H] and down [H, I]
+    final_norm, lm_head, embed_row = 64 * 2, 256 * 64 * 2, 64 * 2  # untied: the head whole, a table row a token
+    for batch_size, experts in [(1, 2), (3, 6), (4, 8), (16, 8)]:  # min(E, batch * k) distinct experts
+        expected = (2 * attention + router_and_shared + dense_mlp + final_norm + lm_head + batch_size * embed_row
+                    + experts * one_expert)
+        assert decode_step_bytes(params, TINY_MOE, batch_size, 0, jnp.bfloat16)["weights"] == expected, batch_size
+    all_experts = decode_step_bytes(params, TINY_MOE, 4, 0, jnp.bfloat16)["weights"]  # every weight but the table
+    assert all_experts == param_bytes(params) - 256 * 64 * 2 + 4 * embed_row
+
+
+def test_moe_params_have_each_layers_structure_and_distinct_experts():
+    params = device_random_params(TINY_MOE, seed=2, dtype=jnp.float32)
+    assert _shapes(params) == _shapes(abstract_params(TINY_MOE, jnp.float32))  # layer 0 sparse, layer 1 dense
+    sparse, dense = params.layers
+    assert sparse.w_experts_gate_up.shape == (8, 2 * 32, 64) and sparse.w_experts_down.shape == (8, 64, 32)
+    assert sparse.router.shape == (8, 64) and sparse.w_shared_gate_up.shape == (2 * 48, 64)
+    assert sparse.w_gate_up is None and dense.w_experts_gate_up is None and dense.w_down.shape == (64, 128)
+    experts = np.asarray(sparse.w_experts_down)  # [E, H, I]
+    assert not np.array_equal(experts[0], experts[1]) and 0.015 < experts.std() < 0.025
+    assert np.all(np.asarray(sparse.mlp_norm) == 1)
+
+
+def test_moe_params_run_through_the_forward():
+    params = device_random_params(TINY_MOE, dtype=jnp.float32)
+    kv = init_kv_cache(TINY_MOE, 4, 16, jnp.float32)
+    batch = build_step_batch([SequenceChunk([5, 6, 7], 0, [1])], 16)
+    logits, _ = jit_forward(TINY_MOE, REFERENCE)(params, kv, batch)
+    assert logits.shape == (1, TINY_MOE.vocab_size) and np.isfinite(np.asarray(logits)).all()
+
+
+def test_random_awq_weights_refuse_a_moe_config():
+    with pytest.raises(ValueError, match="8 experts"):
+        device_random_awq_params(TINY_MOE)

@@ -142,6 +142,11 @@ def test_presets_have_the_published_parameter_counts(name, params):
     assert sum(math.prod(s.shape) for s in shapes) == params
 
 
+def test_qwen3_30b_a3b_preset_has_the_published_total_of_30_5b():  # the model card gives it to 3 digits
+    shapes = jax.tree_util.tree_leaves(abstract_params(model_preset("qwen3-30b-a3b"), jnp.bfloat16))
+    assert abs(sum(math.prod(s.shape) for s in shapes) - 30.5e9) < 0.05e9
+
+
 def test_llama3_8b_preset_shape():
     c = model_preset("llama3-8b")
     assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size,

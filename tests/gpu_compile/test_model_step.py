@@ -1,15 +1,20 @@
 """The Llama-3-8B step compiled for an H200: the forward reads every weight where it lies, and the engine's
 programs (forward, sampler, prompt logprobs, logit-state write) compile in bfloat16, with int4 AWQ weights, with LoRA slots and over
-two devices.
+two devices. A Qwen3-30B-A3B-shaped mixture-of-experts step (its per-layer shapes, 4 layers) passes the same decode
+checks with the Pallas MoE kernel, at batch sizes from 1 token (8 of 128 experts routed) to 64 (every expert),
+and the engine's forward programs at its shapes (decode-only T = 1, T = 512) write no weight either.
 
 "Where it lies": no instruction of the compiled program writes a new array the shape of a weight (a weight sliced
-out of a layer stack, copied or converted before its GEMM would), no temporary buffer is as large as one weight,
-and the bytes the program's kernels move (deviceless.kernel_traffic, plus the K/V the attention reads) stay within
-1.15x of the weight and K/V bytes a batch-1 decode must read. The donated KV pool is aliased to the output, and
+out of a layer stack, copied or converted before its GEMM would; for a MoE layer also one expert's slice of its
+[E, ...] stacks, which a gather of the routed experts would write), at batch 1 no temporary buffer is as large as
+one weight, and the bytes the program's kernels move (deviceless.kernel_traffic, plus the K/V the attention reads)
+stay within 1.15x of the weight bytes and the batch's K/V. The donated KV pool is aliased to the output, and
 so is the donated logit state (penalty counts, flags and bias per slot) of the sampler and of its write program.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -28,14 +33,16 @@ from jaxllm.model.params import LINEAR_FIELDS
 from tests.compiled_hlo import kernel_traffic, materialized
 
 CONFIG = model_preset("llama3-8b")
+MOE_CONFIG = dataclasses.replace(model_preset("qwen3-30b-a3b"), num_layers=4)  # every layer sparse
 BLOCK = 16
 CONTEXT = 1024
 MAX_TRAFFIC_RATIO = 1.15
 
 
-def abstract_params(weights: str = "bf16"):
-    """The 8B model's params as abstract values: bfloat16, or with every linear as int4 AWQ (group 128)."""
-    params = jax.eval_shape(lambda: random_params(CONFIG, jax.random.key(0), jnp.bfloat16))
+def abstract_params(weights: str = "bf16", config=CONFIG):
+    """The model's params (the 8B by default) as abstract values: bfloat16, or with every linear as int4 AWQ
+    (group 128)."""
+    params = jax.eval_shape(lambda: random_params(config, jax.random.key(0), jnp.bfloat16))
     if weights == "awq":
         def awq(w):
             n, k = w.shape
@@ -63,47 +70,87 @@ def nbytes(tree) -> int:
 
 
 def matrix_shapes(params) -> set[tuple[int, ...]]:
-    """The shapes of every layer's weight matrices (and packed leaves), the arrays a copy would duplicate."""
-    return {tuple(a.shape) for a in jax.tree.leaves(params.layers) if len(a.shape) == 2}
+    """The shapes of every layer's weight matrices (and packed leaves), the arrays a copy would duplicate: with
+    a MoE layer's expert stacks [E, N, K], each whole and one expert's [N, K]."""
+    stacks = [tuple(a.shape) for a in jax.tree.leaves(params.layers) if len(a.shape) >= 2]
+    return set(stacks) | {shape[1:] for shape in stacks if len(shape) == 3}
+
+
+def smallest_weight(params) -> int:
+    """Bytes of the smallest weight of a layer: a linear (all leaves of its format), or one expert's matrix."""
+    def unit_bytes(weight) -> int:
+        leaves = jax.tree.leaves(weight)
+        experts = leaves[0].shape[0] if len(leaves[0].shape) == 3 else 1  # an [E, N, K] stack
+        return nbytes(weight) // experts
+
+    fields = [getattr(layer, f.name) for layer in params.layers for f in dataclasses.fields(layer)]
+    return min(unit_bytes(w) for w in fields if w is not None and len(jax.tree.leaves(w)[0].shape) >= 2)
+
+
+def compile_decode(h200, config, params, batch_size: int, kernels):
+    """jit_forward of a decode step of batch_size sequences (decode_batch) over the one-device mesh, params and the
+    KV pool abstract and replicated: (the compile report, the placed params, pool and batch)."""
+    params = placed(params, h200.replicated())
+    num_blocks = 1 + batch_size * CONTEXT // BLOCK + 64
+    kv = placed(jax.eval_shape(lambda: init_kv_cache(config, num_blocks, BLOCK, jnp.bfloat16)), h200.replicated())
+    batch = placed(decode_batch(batch_size), h200.replicated())
+    forward = jit_forward(config, kernels, mesh=h200.mesh)  # the engine's one-device mesh
+    return h200.compile(forward, params, kv, batch, ptxas_reports=False), params, kv, batch
+
+
+def assert_reads_weights_where_they_lie(report, config, params, kv, batch):
+    """No weight-shaped array written, at batch 1 no temporary as large as one weight (larger batches' temporaries
+    are activations that grow with the batch: at 64 tokens the MoE step's are the experts' [T*k padded, I] hidden
+    rows and split-K partial sums, ~10 MB), the donated pool aliased, and the kernels' traffic within
+    MAX_TRAFFIC_RATIO of the weights plus the batch's K/V. kernel_traffic counts each kernel's operands whole, so
+    an expert stack counts whole too: the bound is on copies, not on routing."""
+    tokens = len(batch.token_ids)
+    assert materialized(report.hlo, matrix_shapes(params)) == []
+    if tokens == 1:
+        assert report.memory.temp_size_in_bytes < smallest_weight(params), (report.memory.temp_size_in_bytes,
+                                                                             smallest_weight(params))
+    assert report.memory.alias_size_in_bytes == nbytes(kv)  # the donated pool is updated in place
+
+    layer_bytes = nbytes(params.layers) + nbytes(params.final_norm)
+    kv_read = tokens * 2 * config.num_layers * CONTEXT * config.num_kv_heads * config.head_dim * 2  # K, V bf16
+    embed_rows = tokens * config.hidden_size * 2
+    moved = kernel_traffic(report.hlo, {tuple(kv.k.shape), tuple(params.embed.shape)}) + kv_read + embed_rows
+    ratio = moved / (layer_bytes + kv_read)
+    assert ratio <= MAX_TRAFFIC_RATIO, f"{moved / 1e9:.2f} GB moved for {(layer_bytes + kv_read) / 1e9:.2f} GB"
 
 
 @pytest.mark.parametrize("weights", ["bf16", "awq"])
 def test_8b_batch1_decode_reads_each_weight_where_it_lies(h200, weights):
-    params = placed(abstract_params(weights), h200.replicated())
-    num_blocks = 1 + CONTEXT // BLOCK + 64
-    kv = placed(jax.eval_shape(lambda: init_kv_cache(CONFIG, num_blocks, BLOCK, jnp.bfloat16)), h200.replicated())
-    batch = placed(decode_batch(1), h200.replicated())
-    forward = jit_forward(CONFIG, select_kernels("pallas"), mesh=h200.mesh)  # the engine's one-device mesh
-    report = h200.compile(forward, params, kv, batch, ptxas_reports=False)
-
-    assert materialized(report.hlo, matrix_shapes(params)) == []
-    smallest_weight = min(nbytes(getattr(layer, f)) for layer in params.layers for f in LINEAR_FIELDS)
-    assert report.memory.temp_size_in_bytes < smallest_weight, (report.memory.temp_size_in_bytes, smallest_weight)
-    assert report.memory.alias_size_in_bytes == nbytes(kv)  # the donated pool is updated in place
-
-    layer_bytes = nbytes(params.layers) + nbytes(params.final_norm)
-    kv_read = 2 * CONFIG.num_layers * CONTEXT * CONFIG.num_kv_heads * CONFIG.head_dim * 2  # K and V, bf16
-    embed_rows = len(batch.token_ids) * CONFIG.hidden_size * 2
-    moved = kernel_traffic(report.hlo, {tuple(kv.k.shape), tuple(params.embed.shape)}) + kv_read + embed_rows
-    ratio = moved / (layer_bytes + kv_read)
-    assert ratio <= MAX_TRAFFIC_RATIO, f"{moved / 1e9:.2f} GB moved for {(layer_bytes + kv_read) / 1e9:.2f} GB"
+    report, params, kv, batch = compile_decode(h200, CONFIG, abstract_params(weights), 1, select_kernels("pallas"))
+    assert_reads_weights_where_they_lie(report, CONFIG, params, kv, batch)
     if weights == "awq":  # one dequant-matmul per linear per layer: the int4 weights are read by the kernel
         assert len(report.kernels_named("awq_matmul")) == len(LINEAR_FIELDS) * CONFIG.num_layers
 
 
-def engine_programs(h200, *, lora: bool = False, weights: str = "bf16"):
-    """The engine's StepPrograms over the compile-only mesh, with the 8B params and pool split over it as the
-    runner places them (abstract), and the LoRA slots (4 adapters of rank 16) when asked for."""
+@pytest.mark.parametrize("batch_size", [1, 8, 64])
+def test_moe_decode_reads_each_expert_where_it_lies(h200, batch_size):
+    kernels = select_kernels()  # "auto" on a GPU: the Pallas attention and MoE kernels
+    assert kernels.moe == "pallas"
+    report, params, kv, batch = compile_decode(h200, MOE_CONFIG, abstract_params(config=MOE_CONFIG), batch_size,
+                                               kernels)
+    assert_reads_weights_where_they_lie(report, MOE_CONFIG, params, kv, batch)
+    for prefix in ("moe_gate_up", "moe_down", "split_kv_paged_attention"):  # once per layer
+        assert len(report.kernels_named(prefix)) == MOE_CONFIG.num_layers, (prefix, [k.name for k in report.kernels])
+
+
+def engine_programs(h200, *, lora: bool = False, weights: str = "bf16", config=CONFIG):
+    """The engine's StepPrograms over the compile-only mesh, with the params (the 8B by default) and pool split
+    over it as the runner places them (abstract), and the LoRA slots (4 adapters of rank 16) when asked for."""
     mesh = h200.mesh
-    params = abstract_params(weights)
+    params = abstract_params(weights, config)
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
                           tp.param_shardings(params, mesh))
-    kv = jax.eval_shape(lambda: tp.init_kv_cache(CONFIG, 2048, BLOCK, jnp.bfloat16, mesh=mesh))
+    kv = jax.eval_shape(lambda: tp.init_kv_cache(config, 2048, BLOCK, jnp.bfloat16, mesh=mesh))
     slots = None
     if lora:
-        slots = jax.eval_shape(lambda: device_slots.init_slots(CONFIG, 4, 16, jnp.bfloat16, mesh))
+        slots = jax.eval_shape(lambda: device_slots.init_slots(config, 4, 16, jnp.bfloat16, mesh))
     buckets = Buckets(max_num_batched_tokens=512, max_num_seqs=256, decode_only_programs=True)
-    programs = StepPrograms(CONFIG, select_kernels("pallas"), buckets, max_blocks_per_seq=512, mesh=mesh,
+    programs = StepPrograms(config, select_kernels("pallas"), buckets, max_blocks_per_seq=512, mesh=mesh,
                             lora_slots=slots)
     return programs, params, kv
 
@@ -126,6 +173,15 @@ def test_engine_programs_compile_at_8b(h200, key):
         assert len(report.kernels_named(kernel)) == CONFIG.num_layers
     if key.kind in ("sample", "write_logit_rows"):  # the donated logit state is updated in place
         assert report.memory.alias_size_in_bytes == nbytes(programs.abstract_logit_state())
+
+
+@pytest.mark.parametrize("key", [ProgramKey("forward", 1, decode_only=True), ProgramKey("forward", 512)], ids=str)
+def test_engine_forward_compiles_at_moe_shapes(h200, key):
+    programs, params, kv = engine_programs(h200, config=MOE_CONFIG)
+    report = compile_program(h200, programs, key, params, kv)
+    assert materialized(report.hlo, matrix_shapes(params)) == []
+    for prefix in ("moe_gate_up", "moe_down"):
+        assert len(report.kernels_named(prefix)) == MOE_CONFIG.num_layers, prefix
 
 
 @pytest.mark.parametrize("weights", ["bf16", "awq"])
