@@ -9,7 +9,9 @@ moved, and bytes / peak bandwidth the fastest the step could run.
 A MoE layer's [E, ...] expert stacks are read only for the experts the step's tokens route to. Assumed: the
 batch_size * k routes fall on distinct experts until every expert is taken, min(E, batch_size * k) experts per
 sparse layer (routing spread out, as a load-balanced router aims for; under uniform random routing the expected
-count is E * (1 - (1 - k/E) ** batch_size), fewer at mid batch sizes). Its router and shared expert are read whole.
+count is E * (1 - (1 - k/E) ** batch_size), fewer at mid batch sizes). So for a MoE model the figure is the most
+a step's routes can read, not the least every step must: with routes on fewer experts a step reads less. Its
+router and shared expert are read whole.
 """
 
 from __future__ import annotations
