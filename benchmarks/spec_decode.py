@@ -1,10 +1,11 @@
 """N-gram speculative decoding against plain decoding, side by side in one run: single stream on the default
-model, k = 4 proposals, on a repetitive workload (the model asked to repeat a given text, greedy), on random
+model, k = 4 proposals, on a repetitive workload (the model asked to repeat a given text, greedy, ending where the
+model ends its copy: EOS respected, --max-tokens a cap), on random
 token-id prompts decoded greedily (where the small model tends to fall into loops, which proposals match) and on
 random prompts sampled at temperature 1 with seeds (where proposals rarely match). Requests alternate between the two engines, so both see the same
 machine load.
 
-    python benchmarks/spec_decode.py [--max-tokens 96] [--num-prompts 3] [--k 4] [--draft-self]
+    python benchmarks/spec_decode.py [--max-tokens 96] [--num-prompts 5] [--k 4] [--draft-self]
 
 --draft-self adds a third engine whose draft model is the default model itself: a correctness and overhead
 measurement (every greedy proposal is accepted, and each step runs the same model k more times), not a speedup.
@@ -32,6 +33,12 @@ TEXTS = [
     "the completions endpoint. Each request names the model, the prompt and the number of tokens to generate.",
     "def add(a, b):\n    return a + b\n\n\ndef multiply(a, b):\n    return a * b\n\n\nprint(add(2, 3), "
     "multiply(4, 5))\n",
+    "The library keeps a pool of key and value blocks for every layer. When a request arrives, the scheduler gives "
+    "it blocks for its prompt; when it finishes, its blocks go back to the pool. Blocks that hold the same prompt "
+    "prefix are shared between requests, so a second request with the same system prompt computes only its own "
+    "question.",
+    "Monday: buy milk, eggs and bread. Tuesday: call the bank about the new card. Wednesday: send the report to the "
+    "team before noon. Thursday: book the train for the weekend. Friday: water the plants and take out the trash.",
 ]
 
 
@@ -45,7 +52,7 @@ def decode_rate(outputs) -> tuple[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--num-prompts", type=int, default=3)
+    parser.add_argument("--num-prompts", type=int, default=5)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--draft-self", action="store_true", help="also the default model as its own draft")
     args = parser.parse_args()
