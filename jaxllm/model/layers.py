@@ -39,9 +39,13 @@ ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approx
 def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
               activation: str = "silu") -> jax.Array:
     """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu_tanh); x [T, H], w_gate_up [2F, H] (gate rows,
-    then up rows), w_down [H, F]."""
-    gate, up = jnp.split(linear(x, w_gate_up, kernels=kernels), 2, axis=-1)  # [T, F] each
-    return linear(ACTIVATIONS[activation](gate) * up, w_down, kernels=kernels)
+    then up rows), w_down [H, F]. In a 16-bit dtype the activation and the product each round once, computed in
+    float32 (as torch's kernels do): jnp ops on 16-bit arrays would round after every primitive of the activation,
+    which costs a conversion pair each on CPU and drifts further from the checkpoint's own arithmetic."""
+    gate, up = jnp.split(linear(x, w_gate_up, kernels=kernels), 2, axis=-1)  # [T, F] each, x.dtype
+    act = ACTIVATIONS[activation](gate.astype(jnp.float32)).astype(x.dtype)  # [T, F]
+    hidden = (act.astype(jnp.float32) * up.astype(jnp.float32)).astype(x.dtype)  # [T, F]
+    return linear(hidden, w_down, kernels=kernels)
 
 
 def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE) -> jax.Array:
