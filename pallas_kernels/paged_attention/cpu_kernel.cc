@@ -148,70 +148,10 @@ inline void SoftmaxStep(float* s, const float* v, int64_t n, int64_t D, float& m
   m = m_new;
 }
 
-// Attend one work item: its count x G query vectors against keys 0 (or its first query's window start) .. its last
-// query's position. kD, kB: the head size and block size fixed at compile time (0: read from the shapes), so that
-// the common ones get fully unrolled loops.
-template <typename T, int64_t kD, int64_t kB>
-void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
-                const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
-                float* out) {
-  const int64_t D = kD > 0 ? kD : sh.head_dim, B = kB > 0 ? kB : sh.block_size;
-  const int64_t G = sh.num_q_heads / sh.num_kv_heads;
-  const int64_t num_vectors = item.count * G;  // vector t * G + g: token t of the tile, query head item.head * G + g
-  const int64_t q_len = starts[item.seq + 1] - starts[item.seq];
-  const int64_t first_pos = context_lens[item.seq] - q_len + item.first;  // position of the tile's first query
-  const int64_t kv_end = first_pos + item.count;  // keys at or past it are unseen by every query of the tile
-
-  thread_local Scratch buf;
-  buf.q.resize(num_vectors * D);
-  buf.acc.assign(num_vectors * D, 0.0f);
-  buf.m.assign(num_vectors, -INFINITY);
-  buf.denom.assign(num_vectors, 0.0f);
-  buf.scores.resize(B);
-  buf.k.resize(B * D);
-  buf.v.resize(B * D);
-  for (int64_t t = 0; t < item.count; ++t) {
-    const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
-    for (int64_t i = 0; i < G * D; ++i) buf.q[t * G * D + i] = src[i] * opt.sm_scale;
-  }
-
-  const int64_t head_stride = B * D, block_stride = sh.num_kv_heads * head_stride;
-  for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
-    const int64_t block = tables[item.seq * sh.max_blocks + b];
-    if ((b + 1) * B < kv_end) {  // the next block lies anywhere in the pool: ask for it now
-      const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
-      Prefetch(k_layer + next, B * D);
-      Prefetch(v_layer + next, B * D);
-    }
-    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * D, buf.k);
-    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, buf.v);
-    const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
-    for (int64_t t = 0; t < item.count; ++t) {
-      const int64_t end = std::min(keys, first_pos + t + 1 - b * B);  // causal: up to the query's position
-      const int64_t begin = std::max<int64_t>(0, FirstKey(first_pos + t, opt.sliding_window) - b * B);
-      const int64_t visible = end - begin;  // keys begin .. end-1 of the block
-      if (visible <= 0) continue;
-      for (int64_t vec = t * G; vec < (t + 1) * G; ++vec) {
-        Scores(&buf.q[vec * D], k + begin * D, visible, D, buf.scores.data());
-        if (opt.logit_softcap > 0.0f) SoftCap(buf.scores.data(), visible, opt.logit_softcap);
-        SoftmaxStep(buf.scores.data(), v + begin * D, visible, D, buf.m[vec], buf.denom[vec], &buf.acc[vec * D]);
-      }
-    }
-  }
-  for (int64_t t = 0; t < item.count; ++t) {
-    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t vec = t * G + g;
-      const float inv = buf.denom[vec] > 0.0f ? 1.0f / buf.denom[vec] : 0.0f;
-      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = buf.acc[vec * D + d] * inv;
-    }
-  }
-}
-
 #ifdef __AVX512F__
-// The same item with AVX-512 for blocks of 16 keys and a head size kD that is a multiple of 16 (the common shapes):
-// a key's dot product stays a vector of 16 partial sums until the block's 16 keys are reduced together (SumEach),
-// the softmax runs on one vector of a block's scores, and alpha's exp is the same polynomial as the scores'.
+// AVX-512, for blocks of 16 keys and a head size kD that is a multiple of 16 (the common shapes): a key's dot
+// product stays a vector of 16 partial sums until the block's 16 keys are reduced together (SumEach), the softmax
+// runs on one vector of a block's scores, and alpha's exp is the same polynomial as the scores'.
 
 // 16 float32 lanes from 16 floats or 16 bfloat16 bit patterns.
 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -286,69 +226,91 @@ inline void SoftmaxStep16(__m512 s, __mmask16 visible, const float* v, float& m,
   m = m_new;
 }
 
-// AttendItem for blocks of 16 keys and head size kD (a multiple of 16), with AVX-512.
-template <typename T, int64_t kD>
-void AttendItem16(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
-                  const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
-                  float* out) {
-  constexpr int64_t B = 16, kChunks = kD / 16;
+// One query vector (scaled, kD / 16 registers' worth at qv) against the keys begin .. end-1 of a [16, kD] block.
+template <int64_t kD>
+inline void AttendVector16(const float* qv, const float* k, const float* v, int64_t begin, int64_t end,
+                           const Options& opt, float& m, float& denom, float* acc) {
+  __m512 q[kD / 16];
+  for (int c = 0; c < kD / 16; ++c) q[c] = _mm512_loadu_ps(qv + 16 * c);
+  __m512 s = BlockScores<kD>(q, k);
+  if (opt.logit_softcap > 0.0f) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, s);
+    SoftCap(lanes, 16, opt.logit_softcap);
+    s = _mm512_load_ps(lanes);
+  }
+  const __mmask16 visible = static_cast<__mmask16>(((1u << end) - 1) & ~((1u << begin) - 1));
+  SoftmaxStep16<kD>(s, visible, v, m, denom, acc);
+}
+#endif  // __AVX512F__
+
+// Attend one work item: its count x G query vectors against keys 0 (or its first query's window start) .. its last
+// query's position. kD, kB: the head size and block size fixed at compile time (0: read from the shapes), so that
+// the common ones get fully unrolled loops; kSimd: the AVX-512 vector step (kB 16, kD a multiple of 16).
+template <typename T, int64_t kD, int64_t kB, bool kSimd = false>
+void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
+                const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
+                float* out) {
+  const int64_t D = kD > 0 ? kD : sh.head_dim, B = kB > 0 ? kB : sh.block_size;
   const int64_t G = sh.num_q_heads / sh.num_kv_heads;
   const int64_t num_vectors = item.count * G;  // vector t * G + g: token t of the tile, query head item.head * G + g
   const int64_t q_len = starts[item.seq + 1] - starts[item.seq];
-  const int64_t first_pos = context_lens[item.seq] - q_len + item.first;
-  const int64_t kv_end = first_pos + item.count;
+  const int64_t first_pos = context_lens[item.seq] - q_len + item.first;  // position of the tile's first query
+  const int64_t kv_end = first_pos + item.count;  // keys at or past it are unseen by every query of the tile
 
   thread_local Scratch buf;
-  buf.q.resize(num_vectors * kD);
-  buf.acc.assign(num_vectors * kD, 0.0f);
+  buf.q.resize(num_vectors * D);
+  buf.acc.assign(num_vectors * D, 0.0f);
   buf.m.assign(num_vectors, -INFINITY);
   buf.denom.assign(num_vectors, 0.0f);
-  buf.k.resize(B * kD);
-  buf.v.resize(B * kD);
+  buf.scores.resize(B);
+  buf.k.resize(B * D);
+  buf.v.resize(B * D);
   for (int64_t t = 0; t < item.count; ++t) {
-    const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * kD;
-    for (int64_t i = 0; i < G * kD; ++i) buf.q[t * G * kD + i] = src[i] * opt.sm_scale;
+    const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
+    for (int64_t i = 0; i < G * D; ++i) buf.q[t * G * D + i] = src[i] * opt.sm_scale;
   }
 
-  const int64_t head_stride = B * kD, block_stride = sh.num_kv_heads * head_stride;
+  const int64_t head_stride = B * D, block_stride = sh.num_kv_heads * head_stride;
   for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
     const int64_t block = tables[item.seq * sh.max_blocks + b];
-    if ((b + 1) * B < kv_end) {
+    if ((b + 1) * B < kv_end) {  // the next block lies anywhere in the pool: ask for it now
       const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
-      Prefetch(k_layer + next, B * kD);
-      Prefetch(v_layer + next, B * kD);
+      Prefetch(k_layer + next, B * D);
+      Prefetch(v_layer + next, B * D);
     }
-    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * kD, buf.k);
-    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * kD, buf.v);
+    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * D, buf.k);
+    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, buf.v);
+    const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
     for (int64_t t = 0; t < item.count; ++t) {
-      const int64_t end = std::min(B, first_pos + t + 1 - b * B);
+      const int64_t end = std::min(keys, first_pos + t + 1 - b * B);  // causal: up to the query's position
       const int64_t begin = std::max<int64_t>(0, FirstKey(first_pos + t, opt.sliding_window) - b * B);
-      if (end <= begin) continue;
-      const __mmask16 visible = static_cast<__mmask16>(((1u << end) - 1) & ~((1u << begin) - 1));
+      const int64_t visible = end - begin;  // keys begin .. end-1 of the block
+      if (visible <= 0) continue;
       for (int64_t vec = t * G; vec < (t + 1) * G; ++vec) {
-        __m512 qv[kChunks];
-        for (int c = 0; c < kChunks; ++c) qv[c] = _mm512_loadu_ps(&buf.q[vec * kD + 16 * c]);
-        __m512 s = BlockScores<kD>(qv, k);
-        if (opt.logit_softcap > 0.0f) {
-          alignas(64) float lanes[16];
-          _mm512_store_ps(lanes, s);
-          SoftCap(lanes, B, opt.logit_softcap);
-          s = _mm512_load_ps(lanes);
+        if constexpr (kSimd) {
+#ifdef __AVX512F__
+          static_assert(kB == 16 && kD > 0 && kD % 16 == 0, "the vector step takes 16-key blocks");
+          AttendVector16<kD>(&buf.q[vec * D], k, v, begin, end, opt, buf.m[vec], buf.denom[vec], &buf.acc[vec * D]);
+#endif
+        } else {
+          Scores(&buf.q[vec * D], k + begin * D, visible, D, buf.scores.data());
+          if (opt.logit_softcap > 0.0f) SoftCap(buf.scores.data(), visible, opt.logit_softcap);
+          SoftmaxStep(buf.scores.data(), v + begin * D, visible, D, buf.m[vec], buf.denom[vec], &buf.acc[vec * D]);
         }
-        SoftmaxStep16<kD>(s, visible, v, buf.m[vec], buf.denom[vec], &buf.acc[vec * kD]);
       }
     }
   }
   for (int64_t t = 0; t < item.count; ++t) {
-    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * kD;
+    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t vec = t * G + g;
       const float inv = buf.denom[vec] > 0.0f ? 1.0f / buf.denom[vec] : 0.0f;
-      for (int64_t d = 0; d < kD; ++d) dst[g * kD + d] = buf.acc[vec * kD + d] * inv;
+      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = buf.acc[vec * D + d] * inv;
     }
   }
 }
-#endif  // __AVX512F__
+
 
 // The work items of a step, longest first; an error names the first input that breaks the contract.
 ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, const int32_t* context_lens,
@@ -403,11 +365,11 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
   constexpr bool kSimd = false;
 #endif
   if (sh.head_dim == 64 && sh.block_size == 16) {
-    if constexpr (kSimd) attend_all(AttendItem16<T, 64>); else attend_all(AttendItem<T, 64, 16>);
+    attend_all(AttendItem<T, 64, 16, kSimd>);
   } else if (sh.head_dim == 128 && sh.block_size == 16) {
-    if constexpr (kSimd) attend_all(AttendItem16<T, 128>); else attend_all(AttendItem<T, 128, 16>);
+    attend_all(AttendItem<T, 128, 16, kSimd>);
   } else if (sh.head_dim == 256 && sh.block_size == 16) {
-    if constexpr (kSimd) attend_all(AttendItem16<T, 256>); else attend_all(AttendItem<T, 256, 16>);
+    attend_all(AttendItem<T, 256, 16, kSimd>);
   } else {
     attend_all(AttendItem<T, 0, 0>);
   }
