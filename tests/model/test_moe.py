@@ -81,7 +81,7 @@ def _parallel_logits(loaded, n: int, expert_parallel: bool):
 def test_tensor_and_expert_parallel_equal_one_device(family, tiny_model_dir):
     loaded = load_model(tiny_model_dir(family)[0])
     want = logits_at(loaded, 1)
-    for n, expert_parallel in [(2, False), (2, True), (4, True)]:
+    for n, expert_parallel in [(2, False), (2, True), (4, False), (4, True)]:
         for got, expected in zip(_parallel_logits(loaded, n, expert_parallel), want, strict=True):
             np.testing.assert_allclose(got, expected, atol=LOGITS_TOLERANCE, rtol=0,
                                        err_msg=f"N = {n}, expert_parallel {expert_parallel}")
