@@ -89,12 +89,15 @@ class EngineArgs:
     max_num_seqs: int = _arg(64, "sequences per engine step")
     max_num_batched_tokens: int = _arg(512, "tokens per engine step (the token budget)")
     block_size: int = _arg(16, "tokens per KV cache block, a power of two")
-    num_gpu_blocks: int | None = _arg(None, "KV cache size in blocks, overriding the memory budget")
+    num_gpu_blocks: int | None = _arg(None, "KV cache size in blocks, overriding the memory budget (a draft "
+                                            "model's pool gets as many)")
     gpu_memory_utilization: float = _arg(0.9, "GPU: fraction of the device's memory for the weights, the KV cache "
-                                              "and activations, in (0, 1]")
-    kv_cache_memory_bytes: int | None = _arg(None, "KV cache size in bytes; unset: from gpu_memory_utilization on "
-                                                   "a GPU, else what max_num_seqs full-length sequences need, at "
-                                                   "most 2 GiB")
+                                              "and activations (a draft model's weights and KV cache included), "
+                                              "in (0, 1]")
+    kv_cache_memory_bytes: int | None = _arg(None, "KV cache size in bytes, a draft model's pool included (the "
+                                                   "two pools get as many blocks each); unset: from "
+                                                   "gpu_memory_utilization on a GPU, else what max_num_seqs "
+                                                   "full-length sequences need, at most 2 GiB")
     enable_prefix_caching: bool = _arg(True, "reuse the KV blocks of prompt prefixes computed before")
     enable_chunked_prefill: bool = _arg(True, "split long prompts across steps (without it, "
                                               "max_num_batched_tokens must be >= max_model_len)")
@@ -219,16 +222,17 @@ class EngineArgs:
         compilation_cache.use(compilation_cache.cache_directory(self.compilation_cache_dir)
                               if self.compilation_cache else None)
 
-    def resolve(self, loaded, agree_on_blocks: Callable[[int], int] | None = None
+    def resolve(self, loaded, agree_on_blocks: Callable[[int], int] | None = None, draft=None
                 ) -> tuple[SchedulerConfig, CacheConfig]:
         """The scheduler and cache configs for `loaded`. agree_on_blocks(n): the block count every process can
-        hold, given this one's n (several processes run one pool shape)."""
+        hold, given this one's n (several processes run one pool shape). draft: the draft model (placed on one
+        device) whose weights and KV pool share the memory budget; its pool has cache.num_blocks blocks too."""
         config = loaded.config
         max_model_len = self.max_model_len or config.max_position_embeddings
         if max_model_len > config.max_position_embeddings:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
                              f"{config.max_position_embeddings}")
-        num_blocks = self._num_blocks(loaded, max_model_len)
+        num_blocks = self._num_blocks(loaded, max_model_len, draft)
         num_blocks = num_blocks if agree_on_blocks is None else agree_on_blocks(num_blocks)
         if self.max_model_len is None:
             max_model_len = self._default_max_model_len(config.max_position_embeddings, num_blocks)
@@ -238,8 +242,18 @@ class EngineArgs:
                                     policy=self.scheduling_policy)
         cache = CacheConfig(block_size=self.block_size, num_blocks=num_blocks,
                             enable_prefix_caching=self.enable_prefix_caching)
-        logger.info("KV cache: %d blocks of %d tokens", cache.num_blocks, cache.block_size)
+        self._log_pools(loaded, draft, cache.num_blocks)
         return scheduler, cache
+
+    def _log_pools(self, loaded, draft, num_blocks: int) -> None:
+        """The KV pools' sizes at start: the target's, and with a draft model its pool of as many blocks."""
+        if draft is None:
+            logger.info("KV cache: %d blocks of %d tokens", num_blocks, self.block_size)
+            return
+        target, drafts = self._kv_block_bytes_per_device(loaded), kv_block_bytes_per_device(draft, self.block_size)
+        logger.info("KV cache: %d blocks of %d tokens for the target (%d bytes a block, %.2f GiB) and %d for the "
+                    "draft model (%d bytes a block, %.2f GiB)", num_blocks, self.block_size, target,
+                    num_blocks * target / 2**30, num_blocks, drafts, num_blocks * drafts / 2**30)
 
     def _default_max_model_len(self, max_position_embeddings: int, num_blocks: int) -> int:
         """Unset, max_model_len is the model's context, at most what the KV pool holds (one sequence in every
@@ -252,22 +266,39 @@ class EngineArgs:
                        "set max_model_len (and the KV cache size) to change it", pool_tokens, max_position_embeddings)
         return pool_tokens
 
-    def _num_blocks(self, loaded, max_model_len: int) -> int:
+    def _num_blocks(self, loaded, max_model_len: int, draft=None) -> int:
+        """Blocks of the target's KV pool: num_gpu_blocks, else the KV budget (kv_cache_memory_bytes, on a GPU
+        gpu_memory_utilization's share, else the CPU default) over one block's bytes. With a draft model the
+        draft's pool has as many blocks (the same tokens), so the budget is split: it holds budget // (the
+        target's bytes a block + the draft's) blocks of each."""
         if self.num_gpu_blocks is not None:
             return self.num_gpu_blocks
-        per_block = self._kv_block_bytes_per_device(loaded)
+        per_block = self._kv_block_bytes_per_device(loaded) + self._draft_block_bytes(draft)
         if self.kv_cache_memory_bytes is not None:
-            budget = self.kv_cache_memory_bytes
+            budget, source = self.kv_cache_memory_bytes, "kv_cache_memory_bytes"
         elif kernels.on_gpu():
-            budget = self._gpu_budget(loaded, per_block)
+            budget, source = self._gpu_budget(loaded, per_block, draft), "gpu_memory_utilization"
         else:
             needed = per_block * (1 + self.max_num_seqs * -(-max_model_len // self.block_size))
-            budget = min(DEFAULT_CPU_KV_CACHE_BYTES, needed)
+            budget, source = min(DEFAULT_CPU_KV_CACHE_BYTES, needed), "the CPU default"
         num_blocks = budget // per_block
         if num_blocks < 2:
-            raise ValueError(f"the KV cache budget of {budget} bytes holds {num_blocks} blocks of {per_block} bytes; "
-                             f"at least 2 are needed")
+            raise ValueError(f"the KV cache budget of {budget} bytes ({source}) holds {num_blocks} blocks of "
+                             f"{self._describe_block(loaded, draft)}; at least 2 are needed: raise "
+                             f"kv_cache_memory_bytes or gpu_memory_utilization, or set num_gpu_blocks")
         return int(num_blocks)
+
+    def _draft_block_bytes(self, draft) -> int:
+        """One block of the draft's KV pool, on its one device (0 without a draft model)."""
+        return 0 if draft is None else kv_block_bytes_per_device(draft, self.block_size)
+
+    def _describe_block(self, loaded, draft) -> str:
+        """A block's bytes for an error message: the target's, and with a draft model each model's share."""
+        target = self._kv_block_bytes_per_device(loaded)
+        if draft is None:
+            return f"{target} bytes"
+        return (f"{target + self._draft_block_bytes(draft)} bytes (the target's {target} bytes and the draft "
+                f"model's {self._draft_block_bytes(draft)} bytes: its pool holds as many blocks)")
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size or 1,
@@ -293,14 +324,25 @@ class EngineArgs:
 
     def _kv_block_bytes_per_device(self, loaded) -> int:
         """One KV block's bytes on one device: its share of the (replicated when needed) KV heads."""
-        config = loaded.config
-        whole = kv_cache_bytes(config, 1, self.block_size, params_dtype(loaded.params))
-        return whole * kv_heads_per_device(config, self.tensor_parallel_size or 1) // config.num_kv_heads
+        return kv_block_bytes_per_device(loaded, self.block_size, self.tensor_parallel_size or 1)
 
-    def _gpu_budget(self, loaded, per_block: int) -> int:
+    def _resident_bytes(self, loaded) -> int:
+        """What the target holds on one device besides its KV pool: weights, LoRA slots and sampling state."""
+        return param_bytes_per_device(loaded.params) + self.lora_slot_bytes(loaded) + logit_state_bytes(
+            self.max_num_seqs, loaded.config.vocab_size)
+
+    def _draft_resident_bytes(self, draft) -> int:
+        """What the draft model holds on its device besides its KV pool: weights and its runner's sampling state
+        (0 without a draft model; a draft runs without LoRA)."""
+        if draft is None:
+            return 0
+        return param_bytes_per_device(draft.params) + logit_state_bytes(self.max_num_seqs, draft.config.vocab_size)
+
+    def _gpu_budget(self, loaded, per_block: int, draft=None) -> int:
         """Bytes for the KV cache on a GPU: gpu_memory_utilization of the device's memory, within what XLA's
-        allocator may hand out, less the weights (LoRA slots and sampling state included) and the activation
-        reserve.
+        allocator may hand out, less the weights (LoRA slots and sampling state included; a draft model's too)
+        and the activation reserve. per_block: one block's bytes (the target's plus, with a draft, the draft's),
+        of which the budget must hold 2.
 
         memory_stats()["bytes_limit"] is not the device's memory but XLA's allocator limit: the device's memory
         times XLA's memory fraction (XLA_CLIENT_MEM_FRACTION, or XLA_PYTHON_CLIENT_MEM_FRACTION; 0.75 unset),
@@ -318,16 +360,25 @@ class EngineArgs:
                         "XLA_CLIENT_MEM_FRACTION for more)", self.gpu_memory_utilization, wanted / 2**30,
                         limit / 2**30)
         usable = min(wanted, limit)
-        weights = param_bytes_per_device(loaded.params) + self.lora_slot_bytes(loaded) + logit_state_bytes(
-            self.max_num_seqs, loaded.config.vocab_size)  # with the adapters' slots and the sampling state
-        budget = int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - weights)
+        target, drafts = self._resident_bytes(loaded), self._draft_resident_bytes(draft)
+        budget = int(usable * (1 - ACTIVATION_RESERVE_FRACTION) - target - drafts)
         if budget < 2 * per_block:
+            weights = f"the weights take {target / 2**30:.2f} GiB" if draft is None else \
+                f"the target's weights take {target / 2**30:.2f} GiB, the draft model's {drafts / 2**30:.2f} GiB"
+            block = f"{per_block} bytes" if draft is None else self._describe_block(loaded, draft)
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} leaves too little for the KV "
-                             f"cache: of {usable / 2**30:.2f} GiB, the weights take {weights / 2**30:.2f} GiB and "
-                             f"activations {usable * ACTIVATION_RESERVE_FRACTION / 2**30:.2f} GiB, which leaves "
-                             f"less than 2 blocks of {per_block} bytes; raise gpu_memory_utilization, or set "
-                             f"kv_cache_memory_bytes or num_gpu_blocks")
+                             f"cache: of {usable / 2**30:.2f} GiB, {weights} and activations "
+                             f"{usable * ACTIVATION_RESERVE_FRACTION / 2**30:.2f} GiB, which leaves less than 2 "
+                             f"blocks of {block}; raise gpu_memory_utilization, or set kv_cache_memory_bytes or "
+                             f"num_gpu_blocks")
         return budget
+
+
+def kv_block_bytes_per_device(loaded, block_size: int, tensor_parallel_size: int = 1) -> int:
+    """One KV block's bytes of `loaded` on one device: its share of the (replicated when needed) KV heads."""
+    config = loaded.config
+    whole = kv_cache_bytes(config, 1, block_size, params_dtype(loaded.params))
+    return whole * kv_heads_per_device(config, tensor_parallel_size) // config.num_kv_heads
 
 
 def _holds(value: Any, kind: type) -> bool:

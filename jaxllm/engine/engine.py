@@ -94,8 +94,10 @@ class LLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None or args.skip_tokenizer else \
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
+        self.speculative_config = SpeculativeConfig.from_dict(args.speculative_config)
+        draft = self._load_draft(args)  # None unless a draft model proposes; it shares the memory budget
         # every process's pool (and so the default max_model_len) must have the same shape
-        self.scheduler_config, self.cache_config = args.resolve(self.loaded, distributed.agree_on_minimum)
+        self.scheduler_config, self.cache_config = args.resolve(self.loaded, distributed.agree_on_minimum, draft)
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
         self.lora_config = args.lora_config()  # None unless enable_lora
@@ -104,8 +106,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
                                   kernels=kernels, eos_token_ids=self.eos_token_ids, mesh=self.mesh, lora=self.lora)
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
-        self.speculative_config = SpeculativeConfig.from_dict(args.speculative_config)
-        self.drafter = self._draft_proposer(args, kernels)  # None unless a draft model proposes
+        self.drafter = self._draft_proposer(draft, args, kernels)  # None unless a draft model proposes
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),
                                    self.lora, self.speculative_config, self.drafter)
         if self.lora is not None:  # the adapters of the requests in the engine stay in the host cache
@@ -123,19 +124,26 @@ class LLMEngine:
             if self.drafter is not None:
                 self.drafter.runner.warmup()
 
-    def _draft_proposer(self, args: EngineArgs, kernels) -> DraftProposer | None:
-        """The draft model (speculative_config's model), loaded and checked against the target, on its device."""
+    def _load_draft(self, args: EngineArgs):
+        """The draft model (speculative_config's model) on its device, before the KV pools are sized (its
+        weights and pool share the budget); None unless a draft model proposes."""
         spec = self.speculative_config
         if spec is None or spec.method != "draft_model":
             return None
-        if self.lora is not None:
+        if args.enable_lora:
             raise ValueError("speculative_config: a draft model with enable_lora is not supported (the draft "
                              "would propose without the requests' adapters)")
         check_draft_parallel(spec.model, self.parallel_config.tensor_parallel_size)
-        draft = load_host_model(spec.model, dtype=args.dtype)
+        _, draft = _place(load_host_model(spec.model, dtype=args.dtype), ParallelConfig())
+        return draft
+
+    def _draft_proposer(self, draft, args: EngineArgs, kernels) -> DraftProposer | None:
+        """The draft's proposer, the draft checked against the target (None without a draft model)."""
+        if draft is None:
+            return None
+        spec = self.speculative_config
         check_draft(spec.model, draft.config, str(args.model), self.model_config, self.scheduler_config.max_model_len)
-        _, draft = _place(draft, ParallelConfig())
-        return DraftProposer.build(draft, self.scheduler_config, self.cache_config, spec.num_speculative_tokens,
+        return DraftProposer.build(draft, self.scheduler_config, self.cache_config,
                                    seed=args.seed, kernels=kernels, mesh=self.mesh)
 
     # ------------------------------------------------------------------ requests

@@ -17,9 +17,10 @@ The draft runs on its own ModelRunner (the target's token buckets, its own compi
 its own block pool, without prefix caching. Each round the runner is handed each sequence anew (its known
 tokens, its draft block table) and forgets it at the end, so the runner's copy never holds rejected tokens. The
 pool has as many blocks as the target's (the same token capacity; its bytes scale with the draft's layers and
-KV heads), capped by what max_num_seqs full-length sequences can fill (draft_num_blocks); it is allocated besides
-the target's memory share, not out of it. A sequence whose blocks the draft pool cannot supply gets no proposals
-that step.
+KV heads), and both come out of one memory budget (EngineArgs.resolve): the draft's weights are counted with the
+target's, and the KV budget is split so that each pool holds budget // (target block bytes + draft block bytes)
+blocks; an explicit num_gpu_blocks sizes both. A sequence whose blocks the draft pool cannot supply gets no
+proposals that step.
 """
 
 from __future__ import annotations
@@ -65,13 +66,6 @@ def check_draft(draft_name: str, draft_config, target_name: str, target_config, 
                          f"the target model {target_name!r}'s max_model_len {max_model_len}")
 
 
-def draft_num_blocks(scheduler: SchedulerConfig, cache: CacheConfig, k: int) -> int:
-    """The draft pool's blocks: the target's count (the same token capacity), but no more than max_num_seqs
-    sequences at max_model_len plus k - 1 proposals each can fill (and the null block)."""
-    per_sequence = -(-(scheduler.max_model_len + k - 1) // cache.block_size)
-    return min(cache.num_blocks, 1 + scheduler.max_num_seqs * per_sequence)
-
-
 class DraftProposer:
     def __init__(self, runner, block_size: int, num_blocks: int):
         """runner: the draft's ModelRunner (its KV pool of num_blocks blocks of block_size tokens)."""
@@ -81,14 +75,14 @@ class DraftProposer:
         self._step_id = 0
 
     @classmethod
-    def build(cls, loaded, scheduler: SchedulerConfig, cache: CacheConfig, k: int, **runner_kwargs
-              ) -> "DraftProposer":
-        """The draft's runner over the target's buckets, with a pool of draft_num_blocks blocks."""
+    def build(cls, loaded, scheduler: SchedulerConfig, cache: CacheConfig, **runner_kwargs) -> "DraftProposer":
+        """The draft's runner over the target's buckets, with a pool of as many blocks as the target's (the
+        memory budget was split for both: EngineArgs.resolve)."""
         from jaxllm.engine.runner import ModelRunner  # the runner imports the scheduler, which imports this
 
-        num_blocks = draft_num_blocks(scheduler, cache, k)
-        draft_cache = CacheConfig(block_size=cache.block_size, num_blocks=num_blocks, enable_prefix_caching=False)
-        return cls(ModelRunner(loaded, draft_cache, scheduler, **runner_kwargs), cache.block_size, num_blocks)
+        draft_cache = CacheConfig(block_size=cache.block_size, num_blocks=cache.num_blocks,
+                                  enable_prefix_caching=False)
+        return cls(ModelRunner(loaded, draft_cache, scheduler, **runner_kwargs), cache.block_size, cache.num_blocks)
 
     def free(self, request_id: str) -> None:
         """Drop a sequence's draft state and blocks (it finished, was aborted or preempted)."""

@@ -15,12 +15,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+import jax
+
 from jaxllm.compile_counter import CompileCounter
-from jaxllm.config import CacheConfig, SchedulerConfig
-from jaxllm.engine.args import EngineArgs
+from jaxllm.engine.args import ACTIVATION_RESERVE_FRACTION, EngineArgs, kv_block_bytes_per_device
 from jaxllm.engine.engine import LLMEngine
+from jaxllm.loaders import load_host_model
+from jaxllm.model import kernels
+from jaxllm.sampling_batch import logit_state_bytes
 from jaxllm.sampling_params import SamplingParams
-from jaxllm.spec_decode.draft_model import check_draft, check_draft_parallel, draft_num_blocks
+from jaxllm.spec_decode.draft_model import check_draft, check_draft_parallel
 from tests.engine.test_spec_decode import _engine, _run_workload
 from tests.engine.test_warmup import MAX_MODEL_LEN
 from tests.tiny_models import TOKENIZER_MODEL_CONFIG, _tiny_llama_weights
@@ -92,10 +96,113 @@ def test_a_tensor_parallel_target_with_a_draft_is_refused():
     check_draft("d", config, "t", config, 128)  # the same vocabulary, context enough
 
 
-def test_the_draft_pool_holds_the_targets_blocks_up_to_what_its_sequences_can_fill():
-    scheduler = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=96)
-    assert draft_num_blocks(scheduler, CacheConfig(block_size=8, num_blocks=32), k=3) == 32
-    assert draft_num_blocks(scheduler, CacheConfig(block_size=8, num_blocks=1000), k=3) == 1 + 4 * 13  # 98 / 8
+# ---------------------------------------------------------------------------------------------- memory budget
+BLOCK_SIZE = 8
+GPU_LIMIT = 150 << 20  # XLA's allocator limit: 0.75 of a 200 MiB device
+
+
+@pytest.fixture(scope="module")
+def host_models(tiny_model_with_tokenizer, small_draft):
+    """(target, draft) on the host: two layers and one, the same vocabulary."""
+    return tuple(load_host_model(str(m), dtype="float32") for m in (tiny_model_with_tokenizer, small_draft))
+
+
+def _num_blocks(target, draft=None, **settings) -> int:
+    """The target's block count EngineArgs.resolve gives (the draft's pool gets as many)."""
+    args = EngineArgs(max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE, **settings)
+    return args.resolve(target, draft=draft)[1].num_blocks
+
+
+def _block_bytes(model) -> int:
+    return kv_block_bytes_per_device(model, BLOCK_SIZE)
+
+
+def _resident_bytes(model) -> int:
+    """Weights and the runner's sampling state (max_num_seqs slots), counted here from the arrays themselves."""
+    weights = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(model.params))
+    return weights + logit_state_bytes(EngineArgs().max_num_seqs, model.config.vocab_size)
+
+
+class FakeGpu:
+    def memory_stats(self):
+        return {"bytes_limit": GPU_LIMIT, "bytes_in_use": 0}
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """The budget as on a GPU whose allocator may use GPU_LIMIT (XLA's default fraction, 0.75)."""
+    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(kernels, "on_gpu", lambda: True)
+    monkeypatch.setattr(jax, "local_devices", lambda *_, **__: [FakeGpu()])
+
+
+def test_a_kv_budget_is_split_so_both_pools_hold_as_many_blocks(host_models):
+    target, draft = host_models
+    assert _block_bytes(draft) * 2 == _block_bytes(target)  # one layer of two
+    budget = 1 << 20
+    alone = _num_blocks(target, kv_cache_memory_bytes=budget)
+    shared = _num_blocks(target, draft, kv_cache_memory_bytes=budget)
+    assert alone == budget // _block_bytes(target)
+    assert shared == budget // (_block_bytes(target) + _block_bytes(draft))
+    assert shared < alone
+
+
+def test_the_cpu_default_cap_covers_both_pools(host_models):
+    target, draft = host_models
+    per_sequence = MAX_MODEL_LEN // BLOCK_SIZE
+    assert _num_blocks(target, draft, max_num_seqs=4) == 1 + 4 * per_sequence  # what they need, for both
+    cap = 2 << 30
+    assert _num_blocks(target, draft, max_num_seqs=10**6) == cap // (_block_bytes(target) + _block_bytes(draft))
+
+
+def test_on_a_gpu_the_drafts_weights_and_pool_come_out_of_the_budget(host_models, gpu):
+    target, draft = host_models
+    usable = min(GPU_LIMIT / 0.75 * 0.5, GPU_LIMIT) * (1 - ACTIVATION_RESERVE_FRACTION)
+    alone = _num_blocks(target, gpu_memory_utilization=0.5)
+    shared = _num_blocks(target, draft, gpu_memory_utilization=0.5)
+    assert alone == int(usable - _resident_bytes(target)) // _block_bytes(target)
+    assert shared == (int(usable - _resident_bytes(target) - _resident_bytes(draft))
+                      // (_block_bytes(target) + _block_bytes(draft)))
+    assert _resident_bytes(draft) > 10 * _block_bytes(target) + 10 * _block_bytes(draft)  # its weights count
+
+
+def test_a_gpu_budget_too_small_for_both_names_both_models(host_models, gpu):
+    target, draft = host_models
+    room = _resident_bytes(target) + _resident_bytes(draft) + _block_bytes(target) + _block_bytes(draft)
+    utilization = room / (1 - ACTIVATION_RESERVE_FRACTION) / (GPU_LIMIT / 0.75)  # about 1 block of both
+    assert _num_blocks(target, gpu_memory_utilization=utilization) >= 2  # enough without the draft
+    with pytest.raises(ValueError, match=rf"^gpu_memory_utilization=.* leaves too little for the KV cache: .* "
+                                         rf"the target's weights take .* GiB, the draft model's .* GiB .*less than 2 "
+                                         rf"blocks of {_block_bytes(target) + _block_bytes(draft)} bytes \(the "
+                                         rf"target's {_block_bytes(target)} bytes and the draft model's "
+                                         rf"{_block_bytes(draft)} bytes"):
+        _num_blocks(target, draft, gpu_memory_utilization=utilization)
+
+
+def test_a_kv_budget_too_small_for_both_pools_is_refused_naming_both(host_models):
+    target, draft = host_models
+    budget = 2 * _block_bytes(target) + _block_bytes(draft)  # 2 target blocks, only 1 of both
+    assert _num_blocks(target, kv_cache_memory_bytes=budget) == 2
+    with pytest.raises(ValueError, match=rf"budget of {budget} bytes \(kv_cache_memory_bytes\) holds 1 blocks of "
+                                         rf".*the target's {_block_bytes(target)} bytes and the draft model's "
+                                         rf"{_block_bytes(draft)} bytes"):
+        _num_blocks(target, draft, kv_cache_memory_bytes=budget)
+
+
+@pytest.mark.parametrize("settings", [dict(num_gpu_blocks=20), dict(kv_cache_memory_bytes=1 << 18)],
+                         ids=["num_gpu_blocks", "kv_cache_memory_bytes"])
+def test_the_engines_draft_pool_holds_the_targets_block_count(tiny_model_with_tokenizer, small_draft, host_models,
+                                                              settings, caplog):
+    target, draft = host_models
+    expected = settings.get("num_gpu_blocks") or (1 << 18) // (_block_bytes(target) + _block_bytes(draft))
+    with caplog.at_level("INFO", logger="jaxllm.engine.args"):
+        engine = _engine(tiny_model_with_tokenizer, _spec(small_draft), **{"num_gpu_blocks": None, **settings})
+    assert engine.cache_config.num_blocks == expected
+    assert engine.drafter.kv_cache.pool.num_usable_blocks == engine.scheduler.kv_cache.pool.num_usable_blocks
+    assert engine.drafter.runner.kv.k.shape[:2] == (1, expected)  # [layers, blocks, ...]: one layer, as many
+    assert f"KV cache: {expected} blocks of 8 tokens for the target ({_block_bytes(target)} bytes a block" \
+        in caplog.text
 
 
 def test_a_draft_with_lora_is_refused(tiny_model_with_tokenizer):
