@@ -130,9 +130,6 @@ class LLMEngine:
         spec = self.speculative_config
         if spec is None or spec.method != "draft_model":
             return None
-        if args.enable_lora:
-            raise ValueError("speculative_config: a draft model with enable_lora is not supported (the draft "
-                             "would propose without the requests' adapters)")
         check_draft_parallel(spec.model, self.parallel_config.tensor_parallel_size)
         _, draft = _place(load_host_model(spec.model, dtype=args.dtype), ParallelConfig())
         return draft

@@ -205,11 +205,6 @@ def test_the_engines_draft_pool_holds_the_targets_block_count(tiny_model_with_to
         in caplog.text
 
 
-def test_a_draft_with_lora_is_refused(tiny_model_with_tokenizer):
-    with pytest.raises(ValueError, match="a draft model with enable_lora is not supported"):
-        _engine(tiny_model_with_tokenizer, _spec(tiny_model_with_tokenizer), enable_lora=True)
-
-
 # ---------------------------------------------------------------------------------------------- greedy
 @pytest.mark.slow
 def test_the_target_as_its_own_draft_accepts_every_greedy_proposal(tiny_model_with_tokenizer):

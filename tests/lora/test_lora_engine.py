@@ -142,3 +142,18 @@ def test_generate_with_lora_runs_each_prompt_with_its_adapter(tiny_model_dir, ad
         llm.generate({"prompt_token_ids": PROMPTS[0], "lora": adapters[0][0]}, GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match=r"requests\[0\] key 'lora_request' is not supported"):
         llm.generate_with_lora([{"prompt": PROMPTS[0], "lora_request": None}], GREEDY, use_tqdm=False)
+
+
+@pytest.mark.slow
+def test_a_draft_model_proposes_without_adapters_and_keeps_each_adapters_outputs(tiny_model_dir, adapters):
+    """The draft model (the base model itself here) proposes from the context alone, without the requests'
+    adapters; the adapted target verifies, so every output stays what plain decoding with its adapter generates,
+    and the adapters' requests reject some of the base model's proposals."""
+    directory, _ = tiny_model_dir("llama3")
+    loras = [None] + [lora for lora, _ in adapters]
+    plain = run(engine(directory), PROMPTS, loras)
+    speculating = engine(directory, speculative_config={"model": str(directory), "num_speculative_tokens": 3})
+    assert run(speculating, PROMPTS, loras) == plain
+    stats = speculating.engine.stats()
+    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"] > 0
+    assert run(speculating, PROMPTS[:1], [None]) == plain[:1]  # the base request accepts its own model's proposals
