@@ -130,8 +130,8 @@ class LLMEngine:
         spec = self.speculative_config
         if spec is None or spec.method != "draft_model":
             return None
-        check_draft_parallel(spec.model, self.parallel_config.tensor_parallel_size)
-        _, draft = _place(load_host_model(spec.model, dtype=args.dtype), ParallelConfig())
+        check_draft_parallel(spec.model, self.parallel_config.num_processes)
+        _, draft = _place(load_host_model(spec.model, dtype=args.dtype), ParallelConfig())  # the first device
         return draft
 
     def _draft_proposer(self, draft, args: EngineArgs, kernels) -> DraftProposer | None:
@@ -140,8 +140,9 @@ class LLMEngine:
             return None
         spec = self.speculative_config
         check_draft(spec.model, draft.config, str(args.model), self.model_config, self.scheduler_config.max_model_len)
+        draft_mesh = tensor_parallel.make_mesh(1)  # the one device _place put the draft on (the target's first)
         return DraftProposer.build(draft, self.scheduler_config, self.cache_config,
-                                   seed=args.seed, kernels=kernels, mesh=self.mesh)
+                                   seed=args.seed, kernels=kernels, mesh=draft_mesh)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,

@@ -47,11 +47,12 @@ class DraftState:
     num_computed_tokens: int = 0  # those of `fed` still valid (KVCacheManager reads this name)
 
 
-def check_draft_parallel(draft_name: str, tensor_parallel_size: int) -> None:
-    """ValueError for a split target (checked before the draft is loaded)."""
-    if tensor_parallel_size != 1:
-        raise ValueError(f"speculative_config: a draft model with tensor_parallel_size {tensor_parallel_size} is "
-                         f"not supported (the draft model {draft_name!r} runs on one device, with a target on one)")
+def check_draft_parallel(draft_name: str, num_processes: int) -> None:
+    """ValueError for a target run by several processes (checked before the draft is loaded): the draft runs on
+    one device, the first of the target's mesh, which one process alone can reach."""
+    if num_processes != 1:
+        raise ValueError(f"speculative_config: a draft model with a target run by {num_processes} processes is not "
+                         f"supported (the draft model {draft_name!r} runs on one device of one process)")
 
 
 def check_draft(draft_name: str, draft_config, target_name: str, target_config, max_model_len: int) -> None:

@@ -88,8 +88,8 @@ def test_a_draft_with_a_shorter_context_is_refused(tiny_model_with_tokenizer, tm
         _engine(tiny_model_with_tokenizer, _spec(draft))
 
 
-def test_a_tensor_parallel_target_with_a_draft_is_refused():
-    with pytest.raises(ValueError, match="draft model with tensor_parallel_size 2 is not supported.*'d'"):
+def test_a_target_run_by_several_processes_with_a_draft_is_refused():
+    with pytest.raises(ValueError, match="draft model with a target run by 2 processes is not supported.*'d'"):
         check_draft_parallel("d", 2)
     check_draft_parallel("d", 1)
     config = SimpleNamespace(vocab_size=256, max_position_embeddings=128)
@@ -226,6 +226,20 @@ def test_a_smaller_draft_generates_what_plain_greedy_decoding_does(tiny_model_wi
     settings = dict(max_num_seqs=max(batch, 2) * 4, num_gpu_blocks=96)  # rows left for proposals
     plain = _greedy_outputs(_engine(tiny_model_with_tokenizer, None, **settings), prompts)
     engine = _engine(tiny_model_with_tokenizer, _spec(small_draft, k=4), **settings)
+    assert _greedy_outputs(engine, prompts) == plain
+    assert engine.stats()["spec_decode_num_draft_tokens"] > 0
+    _check_draft_released(engine)
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_target_with_a_draft_on_its_first_device(tiny_model_with_tokenizer, small_draft):
+    """Target split over 2 devices, the draft whole on the first: the outputs of plain decoding, either split."""
+    prompts = _random_prompts(seed=5, count=4)
+    settings = dict(max_num_seqs=16, num_gpu_blocks=96)
+    plain = _greedy_outputs(_engine(tiny_model_with_tokenizer, None, **settings), prompts)
+    engine = _engine(tiny_model_with_tokenizer, _spec(small_draft, k=3), tensor_parallel_size=2, **settings)
+    assert engine.mesh.size == 2 and engine.drafter.runner.mesh.devices.flat[0] == engine.mesh.devices.flat[0]
+    assert engine.drafter.runner.mesh.size == 1
     assert _greedy_outputs(engine, prompts) == plain
     assert engine.stats()["spec_decode_num_draft_tokens"] > 0
     _check_draft_released(engine)
