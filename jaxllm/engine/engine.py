@@ -314,9 +314,9 @@ class LLMEngine:
     def _sample_constrained(self, out: SchedulerOutput, inflight: InflightStep) -> None:
         """Fill the step's token bitmask from its requests' grammars and send its sampler."""
         sampled = [r for c, r in zip(out.chunks, self.scheduler.scheduled_requests(out)) if c.samples]
-        num_drafts = [len(out.scheduled_spec_decode_tokens.get(r.request_id, ())) for r in sampled]
+        proposals = [list(out.scheduled_spec_decode_tokens.get(r.request_id, ())) for r in sampled]
         grammars = [None if r.status.finished else r.grammar for r in sampled]
-        self.runner.sample(inflight, step_bitmask(grammars, num_drafts, self.runner.bitmask_width))
+        self.runner.sample(inflight, step_bitmask(grammars, proposals, self.runner.bitmask_width))
 
     def _grammar_failures(self) -> list[RequestOutput]:
         """Outputs (finish_reason "abort") of requests whose grammar could not be compiled."""

@@ -147,7 +147,7 @@ class Scheduler:
         if needed > self.kv_cache.pool.num_usable_blocks:
             raise ValueError(f"request needs {needed} KV blocks for {total} tokens, but the pool only has "
                              f"{self.kv_cache.pool.num_usable_blocks}; increase num_blocks or lower max_tokens")
-        if self.speculative is not None and can_speculate(request.sampling_params, request.grammar is not None):
+        if self.speculative is not None and can_speculate(request.sampling_params):
             request.spec = AcceptanceTracker()
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -266,9 +266,11 @@ class Scheduler:
         return max(0, self.config.max_num_seqs - len(self.running) - len(self.waiting))
 
     def _speculates_now(self, request: Request, num_new: int) -> bool:
-        """It decodes (one new token, its newest, whose value is known) and may speculate."""
+        """It decodes (one new token, its newest, whose value is known) and may speculate (not while its grammar
+        waits for the end of a reasoning output: proposals could open the gate mid-step)."""
         return (num_new == 1 and request.num_pending == 0 and request.spec is not None and not request.spec.off
-                and request.num_computed_tokens == request.num_tokens - 1)
+                and request.num_computed_tokens == request.num_tokens - 1
+                and (request.grammar is None or request.grammar.active))
 
     def _propose(self, request: Request, max_rows: int) -> list[int]:
         """Its proposals (n-gram ones, or the draft model's made this step): at most k, the rows given, and what
@@ -326,6 +328,8 @@ class Scheduler:
             request.append_output(token)
             if request.first_token_time is None:
                 request.first_token_time = time.monotonic()
+            if not self._grammar_takes_last_token(request):
+                return True
             status, reason = self._stop_status(request)
             if status is not None:
                 self.finish(request, status, reason)
@@ -443,10 +447,7 @@ class Scheduler:
                 request.append_output(sampled[chunk.request_id])
                 if request.first_token_time is None:
                     request.first_token_time = time.monotonic()
-                if request.grammar is not None and not request.grammar.accept(request.output_token_ids[-1]):
-                    logger.error("request %s: token %d was sampled where its grammar does not allow it: aborted",
-                                 request.request_id, request.output_token_ids[-1])
-                    self.finish(request, RequestStatus.FINISHED_ABORTED)
+                if not self._grammar_takes_last_token(request):
                     finished.append(request)
                     continue
             if request.status is RequestStatus.RUNNING:
@@ -458,6 +459,16 @@ class Scheduler:
                 self.finish(request, status, reason)
                 finished.append(request)
         return finished
+
+    def _grammar_takes_last_token(self, request: Request) -> bool:
+        """Advance a constrained request's grammar over its newest output token; one the grammar does not allow
+        aborts the request (False)."""
+        if request.grammar is None or request.grammar.accept(request.output_token_ids[-1]):
+            return True
+        logger.error("request %s: token %d was sampled where its grammar does not allow it: aborted",
+                     request.request_id, request.output_token_ids[-1])
+        self.finish(request, RequestStatus.FINISHED_ABORTED)
+        return False
 
     def _stop_status(self, request: Request) -> tuple[RequestStatus | None, int | None]:
         params = request.sampling_params

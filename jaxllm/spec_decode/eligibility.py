@@ -3,8 +3,10 @@
 A request speculates unless its sampling needs per-token state that proposals would have to thread through the
 k + 1 rows of one step, which jaxllm does not do (the request then decodes one token per step, as without
 speculation): penalties, logit bias / allowed_token_ids, bad_words, min_tokens (its EOS mask counts the tokens
-sampled), logprob_token_ids, and structured outputs (the grammar's bitmask of row i would depend on the
-proposals before it; vLLM advances the matcher over them, jaxllm turns speculation off for the request).
+sampled) and logprob_token_ids. Structured outputs speculate: row i's bitmask is the grammar's after it took
+proposals 1 .. i, rolled back after the bitmask is filled (structured_outputs/request_state.py step_bitmask), and
+the verified tokens advance it; while a reasoning model's output is still in its reasoning (the grammar's gate
+closed) the request does not speculate (scheduler.py).
 
 Low acceptance: proposals cost a longer query and a step the host must wait for (no async overlap), so a
 request whose proposals are rarely right stops speculating: after ACCEPTANCE_WINDOW steps in which it was
@@ -20,9 +22,9 @@ ACCEPTANCE_WINDOW = 16  # eligible steps before a request's acceptance is judged
 MIN_ACCEPTED_PER_STEP = 0.5  # accepted tokens per eligible step below which a request stops speculating
 
 
-def can_speculate(params: SamplingParams, constrained: bool) -> bool:
+def can_speculate(params: SamplingParams) -> bool:
     """Whether a request with these parameters may speculate at all."""
-    return not (constrained or params.needs_penalties or params.biases_logits or params.bad_words_token_ids
+    return not (params.needs_penalties or params.biases_logits or params.bad_words_token_ids
                 or params.min_tokens > 0 or params.logprob_token_ids)
 
 

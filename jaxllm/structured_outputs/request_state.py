@@ -8,7 +8,8 @@
     rollback(n)    undo the last n accepted tokens (speculative decoding's rejected drafts)
     is_terminated  the grammar is complete and has accepted a stop token, or has nothing more to take
 
-step_bitmask builds one step's bitmask from its sampled requests' grammars, each on its first sampler row.
+step_bitmask builds one step's bitmask from its sampled requests' grammars, each over its sampler rows (one,
+or k + 1 with k proposals).
 
 The matcher is made when the grammar is first used; n > 1 samples of a prompt each have their own.
 
@@ -102,14 +103,32 @@ class RequestGrammar:
             self.matcher.fill_next_token_bitmask(bitmask, row)
 
 
-def step_bitmask(grammars: list[RequestGrammar | None], num_drafts: list[int], width: int) -> np.ndarray:
+def step_bitmask(grammars: list[RequestGrammar | None], proposals: list[list[int]], width: int) -> np.ndarray:
     """[R, width] int32: a step's token bitmask over its R sampler rows, for its sampled chunks in order (each one's
-    grammar, None where unconstrained, and its number of proposals). A chunk with k proposals owns k + 1 rows
-    (spec_decode/sampler_rows.py); a constrained request has no proposals, so its one row is its first row. Rows
-    of no grammar allow every token."""
-    first_rows, num_rows = first_sampler_rows(np.asarray(num_drafts, np.int64))  # [N], R
+    grammar, None where unconstrained, and its proposals). A chunk with k proposals owns k + 1 rows
+    (spec_decode/sampler_rows.py): row i holds its grammar's mask after proposals 1 .. i. Rows of no grammar allow
+    every token."""
+    first_rows, num_rows = first_sampler_rows(np.asarray([len(p) for p in proposals], np.int64))  # [N], R
     bitmask = np.full((num_rows, width), -1, np.int32)  # [R, W]
-    for row, grammar in zip(first_rows, grammars):
+    for row, grammar, drafts in zip(first_rows, grammars, proposals):
         if grammar is not None:
-            grammar.fill(bitmask, int(row))
+            fill_proposal_rows(grammar, drafts, bitmask, int(row))
     return bitmask
+
+
+def fill_proposal_rows(grammar: RequestGrammar, proposals: list[int], bitmask: np.ndarray, row: int) -> None:
+    """Rows row .. row + len(proposals) of bitmask: each the grammar's mask after the proposals before it, the
+    grammar left as it was. From a proposal the grammar refuses on, the rows stay as they were (allowing every
+    token): the target's row before it cannot sample that proposal, so it is rejected and the rows after it are
+    never read. Proposals reach the matcher only while the grammar is active (the scheduler does not speculate
+    for a request whose reasoning gate is closed)."""
+    grammar.fill(bitmask, row)
+    if not grammar.active:
+        return
+    taken = 0
+    for token in proposals:
+        if not grammar.accept(token):
+            break
+        taken += 1
+        grammar.fill(bitmask, row + taken)
+    grammar.rollback(taken)

@@ -242,7 +242,7 @@ def test_a_grammars_mask_lies_on_its_requests_row_after_speculating_chunks(model
     width = -(-49152 // 32)
     choice = RequestGrammar(compiler.submit(StructuredOutputsParams(choice=CHOICES)))
     regex = RequestGrammar(compiler.submit(StructuredOutputsParams(regex=REGEX)))
-    bitmask = step_bitmask([None, choice, None, None, regex], [3, 0, 0, 1, 0], width)  # [9, W]
+    bitmask = step_bitmask([None, choice, None, None, regex], [[7, 8, 9], [], [], [7], []], width)  # [9, W]
     assert bitmask.shape == (9, width)
     alone = np.zeros((2, width), np.int32)
     choice.fill(alone, 0)
@@ -252,6 +252,60 @@ def test_a_grammars_mask_lies_on_its_requests_row_after_speculating_chunks(model
     np.testing.assert_array_equal(bitmask[8], alone[1])
     unconstrained = [row for row in range(9) if row not in (4, 8)]
     assert (bitmask[unconstrained] == -1).all()
+
+
+def test_a_speculating_grammars_rows_follow_its_proposals_and_its_matcher_is_left_as_it_was(model):
+    """A constrained chunk with proposals owns k + 1 rows: row i is the grammar's mask after proposals 1 .. i;
+    from a proposal the grammar refuses on, the rows allow every token (that proposal is rejected at the row
+    before it); the matcher ends where it began."""
+    from jaxllm.structured_outputs.request_state import RequestGrammar, step_bitmask
+    from jaxllm.tokenizer import load_tokenizer
+    from jaxllm.loaders import resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(model))
+    compiler = GrammarCompiler(tokenizer, 49152, (2,))
+    width = -(-49152 // 32)
+    grammar = RequestGrammar(compiler.submit(StructuredOutputsParams(regex="[0-9]{3}-[a-z]{2}")))
+    digits = [tokenizer.encode(c, add_special_tokens=False)[0] for c in "123"]
+    letter = tokenizer.encode("x", add_special_tokens=False)[0]  # refused: "-" must follow three digits
+    bitmask = step_bitmask([None, grammar], [[5, 6], [*digits, letter, digits[0]]], width)  # rows 0-2, 3-8
+    assert bitmask.shape == (9, width)
+    expected = np.full((4, width), -1, np.int32)
+    grammar.fill(expected, 0)
+    for i, token in enumerate(digits):
+        assert grammar.accept(token)
+        grammar.fill(expected, i + 1)
+    grammar.rollback(len(digits))
+    np.testing.assert_array_equal(bitmask[3:7], expected)
+    assert not np.array_equal(bitmask[3], bitmask[6])  # after three digits the mask is another one
+    assert (bitmask[7:] == -1).all() and (bitmask[:3] == -1).all()
+    assert grammar.num_accepted == 0
+    again = np.zeros((1, width), np.int32)
+    grammar.fill(again, 0)
+    np.testing.assert_array_equal(again[0], bitmask[3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("speculative", [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+                                         "self-draft"], ids=["ngram", "draft-model"])
+def test_speculation_keeps_constrained_outputs_and_proposes_for_them(model, speculative):
+    """Constrained requests speculate: the outputs of plain decoding (greedy and seeded), every one accepted by
+    its grammar, and proposals made and accepted for the constrained requests themselves."""
+    items = [item for item in workload(16, seed=4) if item[2] is not None]
+    items += [([7, 7, 7, 7], SamplingParams(max_tokens=60, structured_outputs=StructuredOutputsParams(
+        regex="(ab)+c"), temperature=0.0), "repeats")]  # a loop the proposals can follow
+    plain = run(make_llm(model), items)
+    spec = {"model": model, "num_speculative_tokens": 3} if speculative == "self-draft" else speculative
+    llm = make_llm(model, speculative_config=spec)
+    outputs = run(llm, items)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
+    for (_, _, kind), out in zip(items, outputs):
+        if kind != "repeats":
+            check_output(kind, out.text)
+    stats = llm.engine.stats()
+    assert stats["spec_decode_num_draft_tokens"] > 0, stats
+    if speculative != "self-draft":  # the draft's proposals are its unconstrained argmax: the grammar refuses most
+        assert stats["spec_decode_num_accepted_tokens"] > 0, stats
 
 
 def test_the_same_constraint_compiles_once(model):
