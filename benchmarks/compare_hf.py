@@ -37,6 +37,11 @@ def make_workload(name: str, tokenizer, seed: int = 0) -> list[tuple[list[int], 
         lengths = [(32, 128)] * 64
     else:
         lengths = mixed_lengths(rng)
+    return word_prompts(tokenizer, lengths, rng)
+
+
+def word_prompts(tokenizer, lengths, rng) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) per (prompt length, output length): prompts of random WORDS."""
     requests = []
     for prompt_len, output_len in lengths:
         ids: list[int] = []

@@ -43,16 +43,9 @@ def make_requests(tokenizer, shapes: list[tuple[int, int]], seed: int) -> list[t
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from compare_hf import WORDS
+    from compare_hf import word_prompts
 
-    rng = np.random.RandomState(seed)
-    requests = []
-    for prompt_len, output_len in shapes:
-        ids: list[int] = []
-        while len(ids) < prompt_len:
-            ids += tokenizer.encode(" ".join(rng.choice(WORDS, size=16)))
-        requests.append((ids[:prompt_len], int(output_len)))
-    return requests
+    return word_prompts(tokenizer, shapes, np.random.RandomState(seed))
 
 
 def workload_shapes(name: str, args) -> list[tuple[int, int]]:
