@@ -45,7 +45,7 @@ from jaxllm.engine import compilation_cache, program_cache
 from jaxllm.engine.bucketing import PROMPT_ROWS, Buckets, ProgramKey
 from jaxllm.model import StepBatch, compute_logits, forward_hidden, lora_weight
 from jaxllm.model.kernels import REFERENCE, Kernels
-from jaxllm.model.tensor_parallel import default_mesh
+from jaxllm.model.tensor_parallel import default_mesh, lm_head_kernels
 from jaxllm.model.params import params_dtype
 from jaxllm.sampler import count_sampled, sample, token_logprobs
 from jaxllm.sampling_batch import LogitState, SamplingBatch, bitmask_width, logit_row_shapes, logit_state_shapes, \
@@ -121,7 +121,7 @@ class StepPrograms:
         self._devices = list(mesh.devices.flat)  # where a program loaded from the disk runs
         self._replicated = NamedSharding(mesh, PartitionSpec())
         vocab = config.vocab_size
-        head_kernels = kernels if mesh.size == 1 else REFERENCE  # the LM head split over devices: XLA's dot
+        head_kernels = lm_head_kernels(kernels, mesh)
         self._jitted = {
             "forward": jax.jit(functools.partial(_forward, config=config, kernels=kernels, mesh=mesh),
                                donate_argnums=(1,)),

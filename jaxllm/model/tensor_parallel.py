@@ -277,8 +277,15 @@ def forward(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, config:
     """(logits [R, V] float32 at batch.logits_indices, kv_cache): forward_hidden and the LM head (its vocabulary
     shards, when split, joined by XLA)."""
     hidden, kv_cache = forward_hidden(params, kv_cache, batch, config=config, kernels=kernels, mesh=mesh)
-    head_kernels = kernels if (mesh or default_mesh()).size == 1 else REFERENCE  # a split head: XLA's dot
-    return compute_logits(params, hidden, config.vocab_size, config.final_logit_softcap, head_kernels), kv_cache
+    return compute_logits(params, hidden, config.vocab_size, config.final_logit_softcap,
+                          lm_head_kernels(kernels, mesh or default_mesh())), kv_cache
+
+
+def lm_head_kernels(kernels: Kernels, mesh: Mesh) -> Kernels:
+    """The kernels of the LM head's dot: `kernels` when the head lies whole on one device; over several devices
+    the head is split over the vocabulary and a native kernel (a custom call XLA cannot partition) would gather
+    it whole, so XLA's own dot."""
+    return kernels if mesh.size == 1 else REFERENCE
 
 
 def _all_reduce(partial: jax.Array) -> jax.Array:
