@@ -153,13 +153,6 @@ inline void SoftmaxStep(float* s, const float* v, int64_t n, int64_t D, float& m
 // product stays a vector of 16 partial sums until the block's 16 keys are reduced together (SumEach), the softmax
 // runs on one vector of a block's scores, and alpha's exp is the same polynomial as the scores'.
 
-// 16 float32 lanes from 16 floats or 16 bfloat16 bit patterns.
-inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 Load16(const uint16_t* p) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
 // Lane j: the sum of v[j]'s 16 lanes (a transpose and add in three shuffle levels, 45 instructions for 16 sums).
 inline __m512 SumEach(const __m512 (&v)[16]) {
   __m512 pairs[8];  // per 128-bit lane L: the lane-L partials of v[2i] and v[2i+1], interleaved
