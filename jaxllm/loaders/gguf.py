@@ -13,6 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
+from jaxllm.architecture import ARCHITECTURES
 from jaxllm.config import LAYER_TYPES, ModelConfig, merge_token_ids
 from jaxllm.errors import ModelLoadError
 from jaxllm.file_fields import REQUIRED, FieldReader, short_repr
@@ -72,14 +73,15 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(path, f"unknown architecture {short_repr(arch)}; supported: "
                              f"{sorted(SUPPORTED_ARCHITECTURES)}")
-    family = gguf_family(arch, meta.integer(f"{arch}.expert_count", 0, minimum=0))
-    experts = {} if family is None else gguf_moe_fields(meta, arch)
+    moe_family = gguf_family(arch, meta.integer(f"{arch}.expert_count", 0, minimum=0))  # None: a dense model
+    experts = {} if moe_family is None else gguf_moe_fields(meta, arch)
+    family = moe_family or SUPPORTED_ARCHITECTURES[arch]
     num_heads = meta.integer(f"{arch}.attention.head_count")
     hidden = meta.integer(f"{arch}.embedding_length")
     head_dim = meta.integer(f"{arch}.attention.key_length", hidden // num_heads)
     num_layers = meta.integer(f"{arch}.block_count")
     fields = dict(
-        architecture=family or SUPPORTED_ARCHITECTURES[arch],
+        architecture=family,
         vocab_size=_vocab_size(meta, reader, arch),
         hidden_size=hidden,
         intermediate_size=meta.integer(f"{arch}.feed_forward_length", experts.get("moe_intermediate_size", REQUIRED)),
@@ -92,7 +94,7 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
         rope_scaling=gguf_rope_scaling(meta, reader, arch, head_dim),
         max_position_embeddings=meta.integer(f"{arch}.context_length", 4096),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        qkv_bias=arch in ("qwen2", "qwen2moe"),
+        qkv_bias=ARCHITECTURES[family].qkv_bias,
         **gguf_window(meta, arch, num_layers),
         **_gemma_fields(meta, arch, head_dim),
         bos_token_id=meta.integer("tokenizer.ggml.bos_token_id", None, minimum=0),

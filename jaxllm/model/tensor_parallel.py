@@ -82,17 +82,20 @@ def check_tp_size(config: ModelConfig, tp_size: int, num_devices: int) -> None:
     valid = [n for n in range(1, max(tp_size, num_devices) + 1)
              if config.num_heads % n == 0 and config.intermediate_size % n == 0
              and (config.num_kv_heads % n == 0 or n % config.num_kv_heads == 0) and _splits_experts(config, n)]
-    if tp_size not in valid and config.num_experts:
-        what = (f"{config.num_experts} experts (expert parallelism)" if config.expert_parallel else
-                f"expert width {config.moe_intermediate_size}")
-        raise ValueError(f"tensor_parallel_size {tp_size} does not split this model's {config.num_heads} query "
-                         f"heads, {config.num_kv_heads} KV heads, MLP width {config.intermediate_size}, {what} "
-                         f"and shared expert width {config.shared_expert_intermediate_size} evenly; valid sizes: "
-                         f"{', '.join(map(str, valid))}")
     if tp_size not in valid:
         raise ValueError(f"tensor_parallel_size {tp_size} does not split this model's {config.num_heads} query "
-                         f"heads, {config.num_kv_heads} KV heads and MLP width {config.intermediate_size} evenly; "
-                         f"valid sizes: {', '.join(map(str, valid))}")
+                         f"heads, {config.num_kv_heads} KV heads{_widths(config)} evenly; valid sizes: "
+                         f"{', '.join(map(str, valid))}")
+
+
+def _widths(config: ModelConfig) -> str:
+    """The MLP widths a split must divide, for check_tp_size's message."""
+    if not config.num_experts:
+        return f" and MLP width {config.intermediate_size}"
+    what = (f"{config.num_experts} experts (expert parallelism)" if config.expert_parallel else
+            f"expert width {config.moe_intermediate_size}")
+    return (f", MLP width {config.intermediate_size}, {what} and shared expert width "
+            f"{config.shared_expert_intermediate_size}")
 
 
 def _splits_experts(config: ModelConfig, n: int) -> bool:
@@ -122,8 +125,7 @@ def local_config(config: ModelConfig, tp_size: int) -> ModelConfig:
                    shared_expert_intermediate_size=config.shared_expert_intermediate_size // tp_size)
     return dataclasses.replace(config, num_heads=config.num_heads // tp_size,
                                num_kv_heads=kv_heads_per_device(config, tp_size),
-                               intermediate_size=config.intermediate_size // tp_size,
-                               **(experts if config.num_experts else {}))
+                               intermediate_size=config.intermediate_size // tp_size, **experts)
 
 
 # ------------------------------------------------------------------------------------------ weight layout
