@@ -142,9 +142,8 @@ def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if parts[0] in tensors:
             fused[name] = weights.concat_rows([tensors[p] for p in parts], axis=0)
     num_experts = sum(1 for k in tensors if k.endswith(".down") and k.startswith("expert."))
-    for name, parts in EXPERT_PARTS.items():
-        if num_experts:
-            fused[name] = _stack_experts(tensors, parts, num_experts)
+    if num_experts:
+        fused.update({name: _stack_experts(tensors, parts, num_experts) for name, parts in EXPERT_PARTS.items()})
     return fused
 
 

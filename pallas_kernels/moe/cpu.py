@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.moe.layout import build_layout, combine, gather_rows
+from pallas_kernels.moe.layout import build_layout, combine, gather_rows, mean_routes_per_expert
 from pallas_kernels.moe.cpu_native import moe_experts_native, moe_kernel_error, native_supports
 from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.sizes import pow2_at_least
@@ -35,8 +35,7 @@ NATIVE_MAX_TOKENS = 1024  # measured: the native kernel wins at T = 1 .. 1024, p
 
 def cpu_block_m(num_routes: int, num_experts: int) -> int:
     """Rows per tile: the mean routes per touched expert, as a power of two, at most MAX_CPU_BLOCK_M."""
-    mean = -(-num_routes // max(1, min(num_experts, num_routes)))
-    return min(MAX_CPU_BLOCK_M, pow2_at_least(mean))
+    return min(MAX_CPU_BLOCK_M, pow2_at_least(mean_routes_per_expert(num_routes, num_experts)))
 
 
 def moe_experts_cpu(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.moe.layout import build_layout, combine
+from pallas_kernels.moe.layout import build_layout, combine, mean_routes_per_expert
 from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.sizes import pow2_at_least
 from pallas_kernels.triton_compat import compiler_params, load, store
@@ -42,8 +42,7 @@ KNOBS = frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages"})
 def pallas_block_m(num_routes: int, num_experts: int) -> int:
     """Rows per tile: the mean routes per touched expert as a power of two, within 16 (a Triton dot dimension)
     and 64."""
-    mean = -(-num_routes // max(1, min(num_experts, num_routes)))
-    return min(64, max(16, pow2_at_least(mean)))
+    return min(64, max(16, pow2_at_least(mean_routes_per_expert(num_routes, num_experts))))
 
 
 def moe_experts_pallas(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,

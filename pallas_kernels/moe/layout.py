@@ -31,6 +31,12 @@ class Layout(NamedTuple):
     num_used_experts: jax.Array  # [] int32
 
 
+def mean_routes_per_expert(num_routes: int, num_experts: int) -> int:
+    """The routes each touched expert takes on average (rounded up), as many experts touched as can be: what a
+    tile's row count is sized by."""
+    return -(-num_routes // max(1, min(num_experts, num_routes)))
+
+
 def num_tiles(num_routes: int, num_experts: int, block_m: int) -> int:
     """The static tile count that holds every routing of `num_routes` routes (module docstring); at least 1."""
     return max(1, (num_routes + min(num_experts, num_routes) * (block_m - 1)) // block_m)
