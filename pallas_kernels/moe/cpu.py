@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.moe.awq import expert_weight, num_experts as stack_experts
 from pallas_kernels.moe.layout import build_layout, combine, gather_rows, mean_routes_per_expert
 from pallas_kernels.moe.cpu_native import moe_experts_native, moe_kernel_error, native_supports
 from pallas_kernels.moe.reference import ACTIVATIONS
@@ -42,8 +43,9 @@ def moe_experts_cpu(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Arr
                     w_down: jax.Array, activation: str = "silu", block_m: int | None = None,
                     native: bool | None = None) -> jax.Array:
     """reference.py's contract, routed: [T, H] -> [T, H] in x.dtype. native: run the native kernel (True), the
-    jnp loop (False), or decide by `use_native` (None)."""
-    num_experts = w_gate_up.shape[0]
+    jnp loop (False), or decide by `use_native` (None). The stacks may be AWQ int4 (awq.py): the jnp loop then
+    dequantizes each used expert once, before its tiles, and idle experts not at all."""
+    num_experts = stack_experts(w_gate_up)
     top_k = expert_ids.shape[1]
     if expert_ids.size == 0:  # no tokens (or k = 0): nothing routed
         return jnp.zeros_like(x)
@@ -55,7 +57,7 @@ def moe_experts_cpu(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Arr
 
     def expert(i, out_rows):  # out_rows: [P, H]
         e = layout.used_experts[i]
-        w_gu, w_d = w_gate_up[e], w_down[e]  # [2I, H], [H, I]
+        w_gu, w_d = expert_weight(w_gate_up, e, x.dtype), expert_weight(w_down, e, x.dtype)  # [2I, H], [H, I]
         start = layout.group_start[e]
 
         def tile(j, out_rows):
@@ -72,7 +74,7 @@ def moe_experts_cpu(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Arr
 
 def use_native(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> bool:
     """The static choice: the native kernel for up to NATIVE_MAX_TOKENS tokens, where it builds and takes the
-    dtypes; the jnp loop otherwise."""
+    dtypes (dense stacks only); the jnp loop otherwise."""
     return x.shape[0] <= NATIVE_MAX_TOKENS and native_supports(x, w_gate_up, w_down) and moe_kernel_error() is None
 
 

@@ -21,8 +21,9 @@ DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 def native_supports(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> bool:
-    """Whether the kernel takes these operands: one dtype, float32 or bfloat16."""
-    return x.dtype in DTYPES and w_gate_up.dtype == x.dtype and w_down.dtype == x.dtype
+    """Whether the kernel takes these operands: dense stacks and x of one dtype, float32 or bfloat16 (not AWQ int4
+    stacks, which have no one dtype)."""
+    return x.dtype in DTYPES and all(hasattr(w, "dtype") and w.dtype == x.dtype for w in (w_gate_up, w_down))
 
 
 def moe_experts_native(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,
@@ -30,13 +31,18 @@ def moe_experts_native(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.
     """reference.py's contract: x [T, H], ids / weights [T, k], w_gate_up [E, 2I, H], w_down [E, H, I] -> [T, H]
     in x.dtype, on the calling thread."""
     if not native_supports(x, w_gate_up, w_down):
-        raise ValueError(f"the native MoE kernel takes one dtype, float32 or bfloat16; got x {x.dtype}, "
-                         f"w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}")
+        raise ValueError(f"the native MoE kernel takes dense stacks of one dtype, float32 or bfloat16; got x "
+                         f"{x.dtype}, w_gate_up {_dtype(w_gate_up)}, w_down {_dtype(w_down)}")
     KERNEL.register()
     call = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct(x.shape, jnp.float32))
     out = call(x, expert_ids.astype(jnp.int32), expert_weights.astype(jnp.float32), w_gate_up, w_down,
                activation=np.int64(ACTIVATION_CODES[activation]))  # [T, H] f32
     return out.astype(x.dtype)
+
+
+def _dtype(w) -> str | jnp.dtype:
+    """A dense stack's dtype; "int4 (AWQ)" for a packed one."""
+    return w.dtype if hasattr(w, "dtype") else "int4 (AWQ)"
 
 
 def moe_kernel_error() -> str | None:
