@@ -110,7 +110,7 @@ def _fuse(layer_tensors: dict, source: str) -> dict:
         raise ModelLoadError(source, f"{e}: {_ALIKE}") from e
 
 
-_ALIKE = "every layer's q, k and v (and gate and up) must be stored alike"
+_ALIKE = "every layer's q, k and v (and gate and up, and every expert's projections) must be stored alike"
 
 
 def tensor_field(name: str, global_names: Mapping[str, str], layer_pattern: re.Pattern,

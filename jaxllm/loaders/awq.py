@@ -6,10 +6,16 @@ config.json (transformers' AwqConfig keys; AutoAWQ's older w_bit / q_group_size 
     "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true,
                             "version": "gemm", "modules_to_not_convert": null}
 
-A quantized linear `P` (P = model.layers.{i}.self_attn.q_proj, ...) is stored as P.qweight int32 [K, N/8],
+A quantized linear `P` (P = model.layers.{i}.self_attn.q_proj, ...; in a mixture-of-experts model also each
+expert's projections, model.layers.{i}.block_sparse_moe.experts.{e}.w1/w2/w3 (Mixtral) or
+model.layers.{i}.mlp.experts.{e}.gate_proj/up_proj/down_proj (Qwen2-MoE, Qwen3-MoE), and Qwen2-MoE's
+mlp.shared_expert.*_proj) is stored as P.qweight int32 [K, N/8],
 P.qzeros int32 [K/G, N/8] and P.scales fp16 [K/G, N] (pallas_kernels/awq_matmul/layout.py for the packing);
 a linear whose name contains an entry of modules_to_not_convert is stored dense as P.weight, as are the
-embedding, the norms, the biases and the LM head. `join_linears` turns the three tensors of each quantized linear
+embedding, the norms, the biases and the LM head. The router (mlp.gate / block_sparse_moe.gate) and Qwen2-MoE's
+shared_expert_gate are always dense, as AutoAWQ and vLLM keep them (AutoAWQ's Mixtral lists "gate" in
+modules_to_not_convert): they are not linears this module joins. Whether an expert's projection is quantized is
+asked of its experts module (model.layers.{i}.mlp.experts), as vLLM asks it of the fused MoE layer. `join_linears` turns the three tensors of each quantized linear
 into one AWQWeight named P.qweight (repacked to the kernel layout, host numpy), checking every tensor's dtype and
 shape; the ordinary loader then maps the names to fields and checks each weight's [N, K] against the config.
 The scales are cast to the activations' dtype when that is bfloat16 or float16 (`scale_dtype`): the kernel then
@@ -19,6 +25,7 @@ dequantizes int4 straight into it, with no float32 round trip (pallas_kernels/aw
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -31,7 +38,11 @@ from pallas_kernels.awq_matmul import repack, with_scale_dtype
 
 QUANTIZATION_METHODS = ("awq",)  # what `quantization=` / --quantization accept
 LINEAR_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # the linears AutoAWQ quantizes in a Llama
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",  # the linears AutoAWQ quantizes in a Llama
+                  "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                  "mlp.shared_expert.down_proj")  # Qwen2-MoE's shared expert
+EXPERT_LINEAR = re.compile(r"(block_sparse_moe|mlp)\.experts\.\d+\.(w1|w2|w3|gate_proj|up_proj|down_proj)")
+_LAYER_MODULE = re.compile(r"model\.layers\.\d+\.(.+)")
 PARTS = ("qweight", "qzeros", "scales")
 PACKED_BYTES_PER_PARAM = 0.5  # int4: the least host memory an AWQ checkpoint's parameters can take
 
@@ -42,8 +53,10 @@ class AWQConfig:
     modules_to_not_convert: tuple[str, ...] = ()
 
     def converted(self, module: str) -> bool:
-        """Whether the linear named `module` is stored quantized (vLLM's rule: no listed name is a substring)."""
-        return not any(skip in module for skip in self.modules_to_not_convert)
+        """Whether the linear named `module` is stored quantized (vLLM's rule: no listed name is a substring; an
+        expert's projection is asked as its experts module, model.layers.{i}.mlp.experts)."""
+        owner = module.partition(".experts.")[0] + ".experts" if ".experts." in module else module
+        return not any(skip in owner for skip in self.modules_to_not_convert)
 
 
 def check_quantization_name(quantization: str | None) -> None:
@@ -93,6 +106,18 @@ def _key(config: dict, name: str, old_name: str) -> Any:
     return config[name] if name in config else config.get(old_name)
 
 
+def check_expert_groups(config, awq: AWQConfig, path: Path) -> None:
+    """ModelLoadError naming the config key when the group size does not divide a mixture-of-experts model's expert
+    input width (gate/up: hidden_size; down: moe_intermediate_size; Qwen2-MoE's shared expert:
+    shared_expert_intermediate_size): no int4 expert of such a checkpoint can hold whole groups."""
+    widths = {"hidden_size": config.hidden_size, "moe_intermediate_size": config.moe_intermediate_size,
+              "shared_expert_intermediate_size": config.shared_expert_intermediate_size}
+    for key, width in widths.items():
+        if config.num_experts and width % awq.group_size:
+            raise ModelLoadError(path, f"quantization_config.group_size {awq.group_size} does not divide {key} "
+                                 f"{width}: an int4 expert's input rows must split into whole groups")
+
+
 def scale_dtype(activation_dtype) -> np.dtype | None:
     """The dtype a model's AWQ scales are held in: its activations' when 16-bit (the kernel's fast path: a
     checkpoint's fp16 scales rounded once to bf16 move by at most 2^-9 of themselves), else the checkpoint's own
@@ -136,7 +161,13 @@ def join_linears(named: Iterable[tuple[Path, str, np.ndarray]], awq: AWQConfig, 
 
 
 def _is_linear(module: str) -> bool:
-    return module.startswith("model.layers.") and module.endswith(LINEAR_MODULES)
+    m = _LAYER_MODULE.fullmatch(module)
+    return m is not None and is_quantizable(m.group(1))
+
+
+def is_quantizable(layer_module: str) -> bool:
+    """Whether a layer's module (the name after model.layers.{i}.) is a linear an AWQ checkpoint may quantize."""
+    return layer_module in LINEAR_MODULES or EXPERT_LINEAR.fullmatch(layer_module) is not None
 
 
 def _weight(module: str, parts: dict[str, tuple[Path, np.ndarray]], group_size: int, scales_as) -> AWQWeight:

@@ -87,9 +87,7 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
         if config.arch.fused_checkpoint:
             raise ModelLoadError(model_dir / "config.json", f"AWQ checkpoints of {config.architecture} (fused "
                                  "qkv_proj / gate_up_proj linears) are not supported")
-        if config.num_experts:
-            raise ModelLoadError(model_dir / "config.json", f"AWQ int4 checkpoints of mixture-of-experts models "
-                                 f"({config.architecture}: int4 experts) are not supported")
+        awq.check_expert_groups(config, awq_config, model_dir / "config.json")
         named, layer_names = awq.join_linears(named, awq_config, numpy_dtype(dtype)), _awq_names(layer_names)
     return config, assemble_params(config, _fields(named, config, layer_names), source=str(model_dir), dtype=dtype)
 
@@ -127,7 +125,7 @@ def _expert_names(config: ModelConfig) -> dict[str, str]:
 def _awq_names(layer_names: dict[str, str]) -> dict[str, str]:
     """A quantized linear's packed weight stands for its dense `weight` (awq.join_linears names it `qweight`)."""
     return {**layer_names, **{name.replace(".weight", ".qweight"): field for name, field in layer_names.items()
-                              if name.rpartition(".")[0] in awq.LINEAR_MODULES}}
+                              if awq.is_quantizable(name.rpartition(".")[0])}}
 
 
 def weight_files(model_dir: Path) -> list[Path]:

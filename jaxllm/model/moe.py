@@ -16,6 +16,9 @@ probabilities straddle the k-th place the two may choose different (equally weig
 Under tensor parallelism this runs on one device's share: its slice of every expert's intermediate axis (the
 output is a partial sum, like the dense MLP's), or with expert parallelism its E/N whole experts, the router's
 global ids shifted by `first_expert` so that the contract's out-of-range ids mask the other devices' experts.
+
+The expert stacks are dense [E, N, K] arrays or AWQ int4 (AWQWeight with a leading [E] axis on every leaf, from an
+AutoAWQ checkpoint); `expert_stack` hands pallas_kernels.moe either as it takes them.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxllm.config import ModelConfig
+from jaxllm.model.awq_weight import AWQWeight
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.layers import gated_mlp, linear
 from jaxllm.model.params import LayerParams
+from jaxllm.model.weights import WeightFormat, format_name
+from pallas_kernels.awq_matmul import AWQPacked
 from pallas_kernels.moe import moe_experts
 
 
@@ -44,7 +50,7 @@ def moe_mlp(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels
             first_expert: jax.Array | int = 0) -> jax.Array:
     """h [T, H] -> this device's share of the sparse layer's MLP output [T, H] (a partial sum over the devices)."""
     ids, weights = route(h, lp.router, config.num_experts_per_tok, config.norm_topk_prob)  # [T, k] each
-    out = moe_experts(h, ids - first_expert, weights, lp.w_experts_gate_up, lp.w_experts_down,
+    out = moe_experts(h, ids - first_expert, weights, expert_stack(lp.w_experts_gate_up), expert_stack(lp.w_experts_down),
                       activation=config.arch.activation, implementation=kernels.moe,
                       interpret=kernels.interpret)  # [T, H]
     if lp.w_shared_gate_up is None:
@@ -52,3 +58,13 @@ def moe_mlp(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels
     shared = gated_mlp(h, lp.w_shared_gate_up, lp.w_shared_down, kernels, config.arch.activation)  # [T, H]
     gate = jax.nn.sigmoid(linear(h, lp.shared_gate))  # [T, 1]
     return out + gate * shared
+
+
+def expert_stack(w) -> jax.Array | AWQPacked:
+    """A LayerParams expert stack as pallas_kernels.moe takes it: a dense [E, N, K] array, or an AWQWeight's packed
+    leaves [E, K/8 | K/G, N]; TypeError naming any other format (a LoRA delta on experts is not implemented)."""
+    if isinstance(w, AWQWeight):
+        return w.packed
+    if isinstance(w, WeightFormat):
+        raise TypeError(f"expert weights in the {format_name(w)} format are not supported (dense or AWQ int4 only)")
+    return w

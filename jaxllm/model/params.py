@@ -47,10 +47,10 @@ class LayerParams:  # one layer's weights
     post_mlp_norm: Optional[jax.Array] = None  # [H]  after the MLP, before the residual add (Gemma 2/3)
     # a mixture-of-experts layer (model/moe.py), in place of w_gate_up / w_down
     router: Optional[jax.Array] = None  # [E, H]
-    w_experts_gate_up: Optional[jax.Array] = None  # [E, 2*I, H]: per expert, rows gate then up
-    w_experts_down: Optional[jax.Array] = None  # [E, H, I]
-    w_shared_gate_up: Optional[jax.Array] = None  # [2*S, H]  Qwen2-MoE's shared expert
-    w_shared_down: Optional[jax.Array] = None  # [H, S]
+    w_experts_gate_up: Weight = None  # [E, 2*I, H]: per expert, rows gate then up (dense, or AWQ int4 stacked)
+    w_experts_down: Weight = None  # [E, H, I]
+    w_shared_gate_up: Weight = None  # [2*S, H]  Qwen2-MoE's shared expert
+    w_shared_down: Weight = None  # [H, S]
     shared_gate: Optional[jax.Array] = None  # [1, H]  its per-token gate, sigmoid(x @ shared_gate.T)
 
 
@@ -147,13 +147,17 @@ def fuse_layer_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return fused
 
 
-def _stack_experts(tensors: dict[str, np.ndarray], parts: tuple[str, ...], num_experts: int) -> np.ndarray:
-    """Each expert's parts [rows, K] joined on their rows, the experts stacked: [E, sum of rows, K], written once
-    into aligned memory (dense weights: expert weights have no other format)."""
-    first = [tensors[expert_field(0, p)] for p in parts]
+def _stack_experts(tensors: dict[str, np.ndarray], parts: tuple[str, ...], num_experts: int):
+    """Each expert's parts [rows, K] joined on their rows, the experts stacked: [E, sum of rows, K]. Dense parts
+    are written once into aligned memory; a packed format's (AWQ int4) joined and stacked leaf by leaf
+    (weights.stack); TypeError naming the formats when the experts' parts are not all stored alike."""
+    experts = [[tensors[expert_field(e, p)] for p in parts] for e in range(num_experts)]
+    if {weights.format_name(w) for expert in experts for w in expert} != {"dense"}:
+        return weights.stack([weights.concat_rows(expert, axis=0) for expert in experts])
+    first = experts[0]
     out = aligned_empty((num_experts, sum(a.shape[0] for a in first), *first[0].shape[1:]), first[0].dtype)
-    for e in range(num_experts):
-        np.concatenate([tensors[expert_field(e, p)] for p in parts], axis=0, out=out[e])
+    for e, expert in enumerate(experts):
+        np.concatenate(expert, axis=0, out=out[e])
     return out
 
 

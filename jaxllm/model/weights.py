@@ -14,6 +14,9 @@ A format answers these questions, and the module functions below ask them of den
     leaf_axes(w, axes)      the logical axis names of each of w's leaves, given those of the dense weight: the
                             sharding rules table (tensor_parallel.PARAM_AXES) then places any format's leaves
     w.shape                 the dense weight's shape [..., N, K] (loaders check it against the config)
+
+`stack(ws)` stacks weights of one format on a new leading axis of every leaf (a MoE layer's [E, ...] expert
+stacks): valid for a format whose methods read its leaves from the last axes, as AWQWeight's do.
 """
 
 from __future__ import annotations
@@ -111,6 +114,15 @@ def concat_rows(parts: list, axis: int) -> Any:
     if isinstance(parts[0], WeightFormat):
         return parts[0].concat_rows(list(parts[1:]), axis)
     return aligned_concatenate(parts, axis)
+
+
+def stack(parts: list) -> Any:
+    """Weights of one format and shape (host numpy leaves) stacked on a new leading axis: each leaf gains it (the
+    [E, ...] expert stacks); TypeError naming the formats when they differ."""
+    kinds = {format_name(p) for p in parts}
+    if len(kinds) > 1:
+        raise TypeError(f"cannot stack weights of different formats: {', '.join(sorted(kinds))}")
+    return jax.tree.map(lambda *leaves: np.stack(leaves), *parts)
 
 
 def format_name(w: Any) -> str:

@@ -53,8 +53,8 @@ def check_architecture(config, method: str, source_kind: str | None = None) -> N
     written from scratch only for the Llama-layout families)."""
     family = config.architecture
     if config.num_experts:
-        raise ValueError(f"quantizing a mixture-of-experts model ({family}) is not supported: AWQ int4 experts "
-                         "are not implemented")
+        raise ValueError(f"quantizing a mixture-of-experts model ({family}) is not supported: jaxllm's quantizer "
+                         "does not write int4 experts (AutoAWQ checkpoints of these models load)")
     if config.arch.fused_checkpoint:
         raise ValueError(f"AWQ checkpoints of {family} (fused qkv_proj / gate_up_proj linears) are not supported")
     if method == "awq" and (family not in AWQ_ARCHITECTURES or config.sliding_window is not None):

@@ -1,6 +1,7 @@
 """AWQ where the formats do not allow it is refused with a message naming the family: Phi-3's fused linears in
 an AutoAWQ checkpoint (and jaxllm's quantizer writing one), and --method awq on families its calibration forward
-does not compute; mixture-of-experts models (int4 experts) in either direction."""
+does not compute; jaxllm's quantizer writing a mixture-of-experts model (its AutoAWQ checkpoints load:
+test_awq_moe.py)."""
 
 from __future__ import annotations
 
@@ -51,15 +52,6 @@ def test_rtn_of_a_new_family_needs_a_hugging_face_source(family, tiny_model_dir)
     check_architecture(config, "rtn", "hf_dir")
     with pytest.raises(ValueError, match=f"quantizing a {family} model needs a Hugging Face directory.*gguf"):
         check_architecture(config, "rtn", "gguf")
-
-
-def test_moe_awq_checkpoint_is_refused(tiny_model_dir, tmp_path):
-    target = tmp_path / "mixtral-awq"
-    shutil.copytree(tiny_model_dir("mixtral")[0], target)
-    config = json.loads((target / "config.json").read_text())
-    (target / "config.json").write_text(json.dumps({**config, "quantization_config": AWQ_CONFIG}))
-    with pytest.raises(ModelLoadError, match=r"AWQ int4 checkpoints of mixture-of-experts models \(mixtral"):
-        load_model(target)
 
 
 @pytest.mark.parametrize("method", ["rtn", "awq"])
