@@ -176,7 +176,6 @@ def _kernel(x_ref, qweight_ref, zeros_ref, scales_ref, *refs, m, k, n, group, bl
     first = split * split_words  # the split's first word row
     end = jnp.minimum(first + split_words, k // 8)
     x_dtype = x_ref.dtype
-    fast = fast_dequant(x_dtype, scales_ref.dtype)
 
     def step(i, acc):  # acc: [BM, BN] float32
         words = first + i * step_words + jnp.arange(step_words, dtype=jnp.int32)  # [BW] word rows
@@ -186,11 +185,7 @@ def _kernel(x_ref, qweight_ref, zeros_ref, scales_ref, *refs, m, k, n, group, bl
         groups = jax.lax.div(words, group // 8)[:, None]  # [BW, 1]: rows 8r .. 8r+7 share group 8r // G
         zero = load(zeros_ref.at[groups, cols[None, :]], mask=w_mask, other=0).astype(jnp.int32)  # [BW, BN]
         scale = load(scales_ref.at[groups, cols[None, :]], mask=w_mask, other=0)  # [BW, BN] scale dtype
-        if fast:  # masked lanes: words, zeros and scales 0, so w = (M - M) * 0 = 0
-            nibble = functools.partial(_nibble_16bit, (packed, packed >> 4), _minus_magic_zero(zero, x_dtype),
-                                       scale, use_asm=use_asm)
-        else:
-            nibble = functools.partial(_nibble_f32, packed, zero, scale.astype(jnp.float32), x_dtype)
+        nibble = nibble_weights(packed, zero, scale, x_dtype, use_asm=use_asm)
         x_mask = row_ok[:, None] & word_ok[None, :]  # [BM, BW]
         for j in range(8):  # nibble j of word r is row 8r + j
             x_j = load(x_ref.at[rows[:, None], (8 * words + j)[None, :]], mask=x_mask, other=0)  # [BM, BW]
@@ -201,6 +196,16 @@ def _kernel(x_ref, qweight_ref, zeros_ref, scales_ref, *refs, m, k, n, group, bl
     num_steps = jax.lax.div(jnp.maximum(end - first, 0) + step_words - 1, step_words)
     acc = jax.lax.fori_loop(0, num_steps, step, jnp.zeros((block_m, block_n), jnp.float32))
     store(o_ref.at[split, rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def nibble_weights(packed, zero, scale, x_dtype, *, use_asm: bool):
+    """One step's dequantizer: words [BW, BN] int32, zeros [BW, BN] int32, scales [BW, BN] -> j -> nibble j's
+    weights [BW, BN] in x_dtype, (q - z) * s rounded once (the 16-bit path where `fast_dequant`, else float32).
+    Masked lanes (words, zeros and scales 0) give w = 0 either way."""
+    if fast_dequant(x_dtype, scale.dtype):
+        return functools.partial(_nibble_16bit, (packed, packed >> 4), _minus_magic_zero(zero, x_dtype), scale,
+                                 use_asm=use_asm)
+    return functools.partial(_nibble_f32, packed, zero, scale.astype(jnp.float32), x_dtype)
 
 
 def fast_dequant(x_dtype, scale_dtype) -> bool:

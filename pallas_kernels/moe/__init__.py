@@ -1,12 +1,13 @@
 """Mixture-of-experts MLP: each token's k routed experts. `moe_experts` runs the implementation Kernels.moe names;
 reference.py holds the contract and the oracle. The expert stacks may be dense arrays or AWQ int4 (awq.py): the
-reference dequantizes every expert, the cpu loop each used expert; the Pallas kernels take dense stacks only."""
+reference dequantizes every expert, the cpu loop each used expert, the Pallas kernels each weight tile in
+registers (awq_kernel.py)."""
 
 from __future__ import annotations
 
 import jax
 
-from pallas_kernels.moe.awq import check_expert_stack, dense_experts, is_packed
+from pallas_kernels.moe.awq import check_expert_stack, dense_experts
 from pallas_kernels.moe.cpu import moe_experts_cpu
 from pallas_kernels.moe.kernel import moe_experts_pallas
 from pallas_kernels.moe.reference import moe_experts_reference
@@ -26,10 +27,6 @@ def moe_experts(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, 
     if implementation == "cpu":
         return moe_experts_cpu(x, expert_ids, expert_weights, w_gate_up, w_down, activation)
     if implementation == "pallas":
-        if is_packed(w_gate_up) or is_packed(w_down):
-            raise ValueError("moe implementation 'pallas' does not take AWQ int4 expert stacks (w_experts_gate_up / "
-                             "w_experts_down): its grouped matmuls read dense experts and have no int4 path yet; "
-                             "moe 'cpu' or 'reference' runs them (Kernels.moe)")
         return moe_experts_pallas(x, expert_ids, expert_weights, w_gate_up, w_down, activation, interpret=interpret)
     raise ValueError(f"moe implementation {implementation!r} is unknown; choose one of {', '.join(IMPLEMENTATIONS)}")
 

@@ -11,7 +11,8 @@ tile of one expert (tile_expert); then
     down     program (i, j): tile i's rows, hidden columns j*BN ..                out_rows [P, H] in x's dtype
              out_rows[rows, cols] = round(sum over I in BK steps of hidden[rows, ks] @ w_down[e, cols, ks].T)
 
-and `combine` (XLA) sums each token's k routed rows with its weights in float32. The x rows are gathered by token
+and `combine` (XLA) sums each token's k routed rows with its weights in float32. An AWQ int4 stack (awq.py) takes
+awq_kernel.py's launch of the same shape, its weight tiles dequantized in registers. The x rows are gathered by token
 inside the gate_up kernel (no [P, H] copy). A tile past the used rows (tile_expert == E) stores zeros and reads no
 weights; padding rows inside a used tile compute 0 and no route reads them. Rows are never out of range (P is a
 multiple of BM); columns past I or H and K past its end are masked lanes. The tile index is the fastest grid axis,
@@ -31,10 +32,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.moe.awq import is_packed, num_experts as stack_experts
+from pallas_kernels.moe.awq_kernel import MIN_BLOCK_K, down_call_awq, gate_up_call_awq
+from pallas_kernels.moe.launch import down_cost, gate_up_cost, launch
 from pallas_kernels.moe.layout import build_layout, combine, mean_routes_per_expert
 from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.sizes import pow2_at_least
-from pallas_kernels.triton_compat import compiler_params, load, store
+from pallas_kernels.triton_compat import load, store
 
 KNOBS = frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages"})
 
@@ -45,39 +49,30 @@ def pallas_block_m(num_routes: int, num_experts: int) -> int:
     return min(64, max(16, pow2_at_least(mean_routes_per_expert(num_routes, num_experts))))
 
 
-def moe_experts_pallas(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up: jax.Array,
-                       w_down: jax.Array, activation: str = "silu", *, interpret: bool = False,
-                       **knobs) -> jax.Array:
-    """reference.py's contract: [T, H] -> [T, H] in x.dtype. knobs: block_m (None: `pallas_block_m`), block_n
-    (64), block_k (64), num_warps (4), num_stages (2); all block sizes powers of two >= 16."""
+def moe_experts_pallas(x: jax.Array, expert_ids: jax.Array, expert_weights: jax.Array, w_gate_up, w_down,
+                       activation: str = "silu", *, interpret: bool = False, **knobs) -> jax.Array:
+    """reference.py's contract: [T, H] -> [T, H] in x.dtype. Either stack dense or AWQ int4 (awq.py; its launch is
+    awq_kernel.py's). knobs: block_m (None: `pallas_block_m`), block_n (64), block_k (64; with an int4 stack 128,
+    at least MIN_BLOCK_K), num_warps (4), num_stages (2); all block sizes powers of two >= 16."""
     unknown = set(knobs) - KNOBS
     if unknown:
         raise TypeError(f"unknown moe knobs {sorted(unknown)}")
-    num_experts, top_k = w_gate_up.shape[0], expert_ids.shape[1]
+    num_experts, top_k = stack_experts(w_gate_up), expert_ids.shape[1]
     if expert_ids.size == 0:  # no tokens (or k = 0): nothing routed
         return jnp.zeros_like(x)
+    int4 = is_packed(w_gate_up) or is_packed(w_down)
     block_m = knobs.get("block_m") or pallas_block_m(expert_ids.size, num_experts)
-    tiles = dict(block_m=block_m, block_n=knobs.get("block_n", 64), block_k=knobs.get("block_k", 64))
-    _check(tiles)
+    tiles = dict(block_m=block_m, block_n=knobs.get("block_n", 64),
+                 block_k=knobs.get("block_k", MIN_BLOCK_K if int4 else 64))
+    _check(tiles, int4)
     launch = dict(num_warps=knobs.get("num_warps", 4), num_stages=knobs.get("num_stages", 2), interpret=interpret)
     layout = build_layout(expert_ids, num_experts, block_m)
     row_token = layout.row_route // top_k  # [P]: each row's token, T for padding
-    hidden = gate_up_call(x, row_token, layout.tile_expert, w_gate_up, activation, **tiles, **launch)  # [P, I]
-    out_rows = down_call(hidden, layout.tile_expert, w_down, **tiles, **launch)  # [P, H]
+    gate_up = gate_up_call_awq if is_packed(w_gate_up) else gate_up_call
+    hidden = gate_up(x, row_token, layout.tile_expert, w_gate_up, activation, **tiles, **launch)  # [P, I]
+    down = down_call_awq if is_packed(w_down) else down_call
+    out_rows = down(hidden, layout.tile_expert, w_down, **tiles, **launch)  # [P, H]
     return combine(out_rows, layout, expert_ids, expert_weights, x.dtype)
-
-
-def gate_up_cost(rows: int, hidden: int, inter: int, num_tiles: int, itemsize: int) -> pl.CostEstimate:
-    """The gate_up launch over `rows` padded rows: its dots, one activation per hidden element, and its bytes
-    (x rows in, each tile's expert block of w_gate_up, hidden out)."""
-    return pl.CostEstimate(flops=2 * rows * hidden * 2 * inter, transcendentals=rows * inter,
-                           bytes_accessed=itemsize * (rows * hidden + num_tiles * 2 * inter * hidden + rows * inter))
-
-
-def down_cost(rows: int, hidden: int, inter: int, num_tiles: int, itemsize: int) -> pl.CostEstimate:
-    """The down launch over `rows` padded rows: its dots and bytes (hidden in, each tile's w_down block, rows out)."""
-    return pl.CostEstimate(flops=2 * rows * inter * hidden, transcendentals=0,
-                           bytes_accessed=itemsize * (rows * inter + num_tiles * hidden * inter + rows * hidden))
 
 
 def gate_up_call(x, row_token, tile_expert, w_gate_up, activation, *, block_m, block_n, block_k, num_warps,
@@ -87,7 +82,7 @@ def gate_up_call(x, row_token, tile_expert, w_gate_up, activation, *, block_m, b
     inter = two_inter // 2
     kernel = functools.partial(_gate_up_kernel, block_m=block_m, block_n=block_n, block_k=block_k,
                                act=ACTIVATIONS[activation])
-    return _launch(kernel, (x, row_token, tile_expert, w_gate_up), (num_tiles, pl.cdiv(inter, block_n)),
+    return launch(kernel, (x, row_token, tile_expert, w_gate_up), (num_tiles, pl.cdiv(inter, block_n)),
                    jax.ShapeDtypeStruct((rows, inter), x.dtype), "moe_gate_up",
                    gate_up_cost(rows, hidden, inter, num_tiles, x.dtype.itemsize), num_warps, num_stages, interpret)
 
@@ -96,17 +91,10 @@ def down_call(hidden_rows, tile_expert, w_down, *, block_m, block_n, block_k, nu
     """hidden [P, I], tile_expert [NT], w_down [E, H, I] -> out_rows [P, H] in hidden's dtype."""
     (rows, inter), num_tiles, hidden = hidden_rows.shape, tile_expert.shape[0], w_down.shape[1]
     kernel = functools.partial(_down_kernel, block_m=block_m, block_n=block_n, block_k=block_k)
-    return _launch(kernel, (hidden_rows, tile_expert, w_down), (num_tiles, pl.cdiv(hidden, block_n)),
+    return launch(kernel, (hidden_rows, tile_expert, w_down), (num_tiles, pl.cdiv(hidden, block_n)),
                    jax.ShapeDtypeStruct((rows, hidden), hidden_rows.dtype), "moe_down",
                    down_cost(rows, hidden, inter, num_tiles, hidden_rows.dtype.itemsize), num_warps, num_stages,
                    interpret)
-
-
-def _launch(kernel, args, grid, out_shape, name, cost, num_warps, num_stages, interpret):
-    any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    return pl.pallas_call(kernel, grid=grid, in_specs=[any_spec] * len(args), out_specs=any_spec,
-                          out_shape=out_shape, compiler_params=compiler_params(num_warps, num_stages),
-                          cost_estimate=cost, interpret=interpret, name=name)(*args)
 
 
 def _gate_up_kernel(x_ref, token_ref, expert_ref, w_ref, o_ref, *, block_m, block_n, block_k, act):
@@ -175,7 +163,10 @@ def _dot_t(a, b):
     return jax.lax.dot_general(a, b.astype(a.dtype), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _check(tiles: dict) -> None:
+def _check(tiles: dict, int4: bool = False) -> None:
     for name, value in tiles.items():
         if value < 16 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two >= 16 (a Triton dot dimension), got {value}")
+    if int4 and tiles["block_k"] < MIN_BLOCK_K:
+        raise ValueError(f"block_k must be >= {MIN_BLOCK_K} with an AWQ int4 expert stack (its BK / 8 word rows "
+                         f"are a dot's depth), got {tiles['block_k']}")

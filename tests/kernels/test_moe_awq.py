@@ -1,7 +1,8 @@
-"""AWQ int4 expert stacks (pallas_kernels/moe/awq.py) through moe_experts: the reference and the routed CPU loop
-against the dense oracle run on weights dequantized independently in numpy ((q - z) * s); the CPU loop dequantizes
-only the experts it runs (no dense [E, ...] stack in its program, where the reference has one); the Pallas kernels
-and the native CPU kernel refuse int4 stacks by name."""
+"""AWQ int4 expert stacks (pallas_kernels/moe/awq.py) through moe_experts: the reference, the routed CPU loop and
+the Pallas kernels (awq_kernel.py, interpret mode) against the dense oracle run on weights dequantized independently
+in numpy ((q - z) * s); the Pallas kernels' 16-bit dequantization (bf16 scales) against the reference; their CUDA
+lowering; the CPU loop dequantizes only the experts it runs (no dense [E, ...] stack in its program, where the
+reference has one); the native CPU kernel refuses int4 stacks by name."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import numpy as np
 import pytest
 
 from jaxllm.quantization.group_quant import quantize_groups
-from pallas_kernels.awq_matmul.layout import AWQPacked, pack_rows
+from pallas_kernels.awq_matmul.layout import AWQPacked, pack_rows, with_scale_dtype
 from pallas_kernels.moe import moe_experts, moe_experts_reference
 from pallas_kernels.moe.cpu import moe_experts_cpu
+from pallas_kernels.moe.kernel import moe_experts_pallas
 from pallas_kernels.moe.testing import TOLERANCE, random_case, relative_error
+from tests.cuda_lowering import lower_for_cuda
 
 H, INTER, GROUP = 64, 48, 16
 CASES = [  # (T, k, E, routing)
@@ -48,11 +51,11 @@ def awq_case(num_tokens, top_k, num_experts, routing, dtype):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("num_tokens, top_k, num_experts, routing", CASES)
-@pytest.mark.parametrize("implementation", ["reference", "cpu"])
+@pytest.mark.parametrize("implementation", ["reference", "cpu", "pallas"])
 def test_int4_experts_match_the_oracle_on_dequantized_weights(implementation, num_tokens, top_k, num_experts,
                                                               routing, dtype):
     args, want = awq_case(num_tokens, top_k, num_experts, routing, dtype)
-    got = jax.jit(functools.partial(moe_experts, implementation=implementation))(*args)
+    got = jax.jit(functools.partial(moe_experts, implementation=implementation, interpret=True))(*args)
     assert got.dtype == want.dtype and got.shape == want.shape == (num_tokens, H)
     if num_tokens:
         assert np.abs(np.asarray(want, np.float32)).max() > 0.1
@@ -82,10 +85,41 @@ def test_only_the_cpu_loop_avoids_dequantizing_every_expert(implementation, dens
     assert any(shape in text for shape in _dense_stack_shapes(16)) == dense_stack
 
 
-def test_pallas_refuses_int4_experts_by_name():
+@pytest.mark.parametrize("routing", ["uniform", "one", "skewed"])
+def test_pallas_16_bit_dequantization_matches_the_reference(routing):
+    """bf16 activations with bf16 scales: the kernels' magic-number dequantization (no float32 per weight)."""
+    args, _ = awq_case(12, 2, 8, routing, jnp.bfloat16)
+    x, ids, weights, gate_up, down = args
+    gate_up, down = with_scale_dtype(gate_up, jnp.bfloat16), with_scale_dtype(down, jnp.bfloat16)
+    want = moe_experts(x, ids, weights, gate_up, down, implementation="reference")
+    got = moe_experts_pallas(x, ids, weights, gate_up, down, interpret=True, block_m=16, block_k=256)
+    assert relative_error(got, want) <= TOLERANCE[jnp.dtype(jnp.bfloat16)]
+
+
+def test_pallas_one_stack_int4_the_other_dense():
+    case = random_case(11, 9, 2, 8, H, INTER, jnp.float32, "skewed")
+    down, _ = quantize_stack(case.w_down)
+    want = moe_experts(case.x, case.expert_ids, case.expert_weights, case.w_gate_up, down)
+    got = moe_experts_pallas(case.x, case.expert_ids, case.expert_weights, case.w_gate_up, down, interpret=True)
+    assert relative_error(got, want) <= TOLERANCE[jnp.dtype(jnp.float32)]
+
+
+def test_pallas_int4_needs_a_deep_enough_k_step():
     args, _ = awq_case(4, 2, 8, "uniform", jnp.float32)
-    with pytest.raises(ValueError, match="moe implementation 'pallas' does not take AWQ int4 expert stacks"):
-        moe_experts(*args, implementation="pallas", interpret=True)
+    with pytest.raises(ValueError, match="block_k must be >= 128 with an AWQ int4 expert stack"):
+        moe_experts_pallas(*args, interpret=True, block_k=64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_int4_kernels_lower_to_two_triton_kernels(dtype):
+    """The Pallas -> Triton IR lowering for CUDA; with bf16 scales the 16-bit dequantization's inline PTX."""
+    for num_tokens in (2, 64):
+        args, _ = awq_case(num_tokens, 2, 8, "uniform", dtype)
+        x, ids, weights, gate_up, down = args
+        gate_up, down = with_scale_dtype(gate_up, dtype), with_scale_dtype(down, dtype)
+        text = lower_for_cuda(jax.jit(moe_experts_pallas), x, ids, weights, gate_up, down)
+        assert text.count("__gpu$xla.gpu.triton") == 2
+        assert ("prmt.b32" in text) == (dtype == jnp.bfloat16)
 
 
 def test_native_cpu_kernel_refuses_int4_experts():

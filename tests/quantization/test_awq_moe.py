@@ -1,7 +1,8 @@
 """AutoAWQ checkpoints of mixture-of-experts models (tests/quantization/awq_moe_checkpoint.py writes them): every
 expert's projections load as int4 stacks (AWQWeight with a leading [E] axis, gate|up fused per expert), Qwen2-MoE's
 shared expert as a dense layer's int4 MLP, the routers dense; the logits equal those of the float32 model of the
-dequantized weights with moe "reference" and "cpu", and so do the engine's greedy tokens; tensor and expert
+dequantized weights with moe "reference" and "cpu" (and "pallas" in interpret mode), and so do the engine's greedy
+tokens; tensor and expert
 parallelism give the one-device logits; what cannot work is refused by name."""
 
 from __future__ import annotations
@@ -151,11 +152,12 @@ def test_lora_on_an_awq_moe_model_is_refused(awq_moe):
         LLM(str(awq_moe("mixtral")[0]), skip_tokenizer=True, enable_lora=True)
 
 
-def test_pallas_moe_refuses_int4_experts_naming_the_combination(awq_moe):
+def test_pallas_moe_kernels_give_the_reference_logits(awq_moe):
+    """The int4 grouped matmuls (interpret mode) inside the whole forward."""
     loaded = load_model(awq_moe("qwen3_moe")[0])
-    with pytest.raises(ValueError, match="moe implementation 'pallas' does not take AWQ int4 expert stacks"):
-        jit_forward(loaded.config, Kernels(moe="pallas", interpret=True))(
-            loaded.params, init_kv_cache(loaded.config, 6, 4), batch())
+    got = jit_forward(loaded.config, Kernels(moe="pallas", interpret=True))(
+        loaded.params, init_kv_cache(loaded.config, 6, 4), batch())[0]
+    np.testing.assert_allclose(np.asarray(got), _logits(loaded.config, loaded.params, "reference"), rtol=0, atol=1e-4)
 
 
 def test_a_quantized_router_is_refused(awq_moe, tmp_path):
