@@ -9,17 +9,18 @@ config.json (transformers' AwqConfig keys; AutoAWQ's older w_bit / q_group_size 
 A quantized linear `P` (P = model.layers.{i}.self_attn.q_proj, ...; in a mixture-of-experts model also each
 expert's projections, model.layers.{i}.block_sparse_moe.experts.{e}.w1/w2/w3 (Mixtral) or
 model.layers.{i}.mlp.experts.{e}.gate_proj/up_proj/down_proj (Qwen2-MoE, Qwen3-MoE), and Qwen2-MoE's
-mlp.shared_expert.*_proj) is stored as P.qweight int32 [K, N/8],
-P.qzeros int32 [K/G, N/8] and P.scales fp16 [K/G, N] (pallas_kernels/awq_matmul/layout.py for the packing);
-a linear whose name contains an entry of modules_to_not_convert is stored dense as P.weight, as are the
-embedding, the norms, the biases and the LM head. The router (mlp.gate / block_sparse_moe.gate) and Qwen2-MoE's
-shared_expert_gate are always dense, as AutoAWQ and vLLM keep them (AutoAWQ's Mixtral lists "gate" in
-modules_to_not_convert): they are not linears this module joins. Whether an expert's projection is quantized is
-asked of its experts module (model.layers.{i}.mlp.experts), as vLLM asks it of the fused MoE layer. `join_linears` turns the three tensors of each quantized linear
-into one AWQWeight named P.qweight (repacked to the kernel layout, host numpy), checking every tensor's dtype and
-shape; the ordinary loader then maps the names to fields and checks each weight's [N, K] against the config.
-The scales are cast to the activations' dtype when that is bfloat16 or float16 (`scale_dtype`): the kernel then
-dequantizes int4 straight into it, with no float32 round trip (pallas_kernels/awq_matmul/README.md).
+mlp.shared_expert.*_proj) is stored as P.qweight int32 [K, N/8], P.qzeros int32 [K/G, N/8] and P.scales fp16
+[K/G, N] (pallas_kernels/awq_matmul/layout.py for the packing); a linear whose name contains an entry of
+modules_to_not_convert is stored dense as P.weight, as are the embedding, the norms, the biases and the LM head.
+The router (mlp.gate / block_sparse_moe.gate) and Qwen2-MoE's shared_expert_gate are always dense, as AutoAWQ and
+vLLM keep them (AutoAWQ's Mixtral lists "gate" in modules_to_not_convert): they are not linears this module joins.
+Whether an expert's projection is quantized is asked of its experts module (model.layers.{i}.mlp.experts), as vLLM
+asks it of the fused MoE layer. `join_linears` turns the three tensors of each quantized linear into one AWQWeight
+named P.qweight (repacked to the kernel layout, host numpy), checking every tensor's dtype and shape; the ordinary
+loader then maps the names to fields and checks each weight's [N, K] against the config (assemble stacks an MoE
+layer's experts into [E, ...] AWQWeights). The scales are cast to the activations' dtype when that is bfloat16 or
+float16 (`scale_dtype`): the kernel then dequantizes int4 straight into it, with no float32 round trip
+(pallas_kernels/awq_matmul/README.md).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def moe_mlp(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels
             first_expert: jax.Array | int = 0) -> jax.Array:
     """h [T, H] -> this device's share of the sparse layer's MLP output [T, H] (a partial sum over the devices)."""
     ids, weights = route(h, lp.router, config.num_experts_per_tok, config.norm_topk_prob)  # [T, k] each
-    out = moe_experts(h, ids - first_expert, weights, expert_stack(lp.w_experts_gate_up), expert_stack(lp.w_experts_down),
+    out = moe_experts(h, ids - first_expert, weights, expert_stack(lp.w_experts_gate_up),
+                      expert_stack(lp.w_experts_down),
                       activation=config.arch.activation, implementation=kernels.moe,
                       interpret=kernels.interpret)  # [T, H]
     if lp.w_shared_gate_up is None:

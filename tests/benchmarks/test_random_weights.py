@@ -1,5 +1,5 @@
-"""Random weights made on the device (dense, int4 AWQ and mixture-of-experts) and the bytes a decode step must read
-(a MoE layer's routed experts only, against a hand count)."""
+"""Random weights made on the device (dense, int4 AWQ, and mixture-of-experts dense or int4) and the bytes a decode
+step must read (a MoE layer's routed experts only, against a hand count)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from jaxllm.benchmarks.random_weights import device_random_awq_params, device_ra
 from jaxllm.benchmarks.step_bytes import decode_step_bytes
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward
 from jaxllm.model.awq_weight import AWQWeight
-from jaxllm.model.kernels import REFERENCE
+from jaxllm.model.kernels import REFERENCE, Kernels
 from jaxllm.model.params import LINEAR_FIELDS, abstract_params, param_bytes
 from pallas_kernels.awq_matmul import dequantize
 
@@ -123,6 +123,20 @@ def test_moe_params_run_through_the_forward():
     assert logits.shape == (1, TINY_MOE.vocab_size) and np.isfinite(np.asarray(logits)).all()
 
 
-def test_random_awq_weights_refuse_a_moe_config():
-    with pytest.raises(ValueError, match="8 experts"):
-        device_random_awq_params(TINY_MOE)
+def test_random_awq_moe_params_pack_the_experts_and_run_through_the_forward():
+    """Expert stacks int4 with a leading [E] (each expert drawn apart), the shared expert int4, the router dense; the
+    pallas MoE kernels (interpret mode) give the reference's logits on them."""
+    params = device_random_awq_params(TINY_MOE, group_size=16, dtype=jnp.float32)
+    sparse, dense = params.layers
+    assert isinstance(sparse.w_experts_gate_up, AWQWeight) and sparse.w_experts_gate_up.shape == (8, 2 * 32, 64)
+    assert sparse.w_experts_down.qweight.shape == (8, 32 // 8, 64) and sparse.w_experts_down.zeros.shape == (8, 2, 64)
+    assert isinstance(sparse.w_shared_down, AWQWeight) and not isinstance(sparse.router, AWQWeight)
+    assert isinstance(dense.w_down, AWQWeight) and dense.w_experts_down is None
+    words = np.asarray(sparse.w_experts_down.qweight)
+    assert not np.array_equal(words[0], words[1])
+    batch = build_step_batch([SequenceChunk([5, 6, 7], 0, [1])], 16)
+    want, _ = jit_forward(TINY_MOE, REFERENCE)(params, init_kv_cache(TINY_MOE, 4, 16, jnp.float32), batch)
+    got, _ = jit_forward(TINY_MOE, Kernels(moe="pallas", interpret=True))(
+        params, init_kv_cache(TINY_MOE, 4, 16, jnp.float32), batch)  # the pool is donated: a fresh one
+    assert np.isfinite(np.asarray(want)).all() and np.abs(np.asarray(want)).max() > 0
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-4 * np.abs(np.asarray(want)).max())
