@@ -1,7 +1,8 @@
 """The Llama-3-8B step compiled for an H200: the forward reads every weight where it lies, and the engine's
 programs (forward, sampler, prompt logprobs, logit-state write) compile in bfloat16, with int4 AWQ weights, with LoRA slots and over
 two devices. A Qwen3-30B-A3B-shaped mixture-of-experts step (its per-layer shapes, 4 layers) passes the same decode
-checks with the Pallas MoE kernel, at batch sizes from 1 token (8 of 128 experts routed) to 64 (every expert),
+checks with the Pallas MoE kernel, bfloat16 or int4 AWQ experts (the int4 grouped matmuls), at batch sizes from 1
+token (8 of 128 experts routed) to 64 (every expert),
 and the engine's forward programs at its shapes (decode-only T = 1, T = 512) write no weight either.
 
 "Where it lies": no instruction of the compiled program writes a new array the shape of a weight (a weight sliced
@@ -39,17 +40,21 @@ CONTEXT = 1024
 MAX_TRAFFIC_RATIO = 1.15
 
 
+AWQ_FIELDS = LINEAR_FIELDS + ("w_experts_gate_up", "w_experts_down")  # a MoE layer's expert stacks int4 too
+
+
 def abstract_params(weights: str = "bf16", config=CONFIG):
-    """The model's params (the 8B by default) as abstract values: bfloat16, or with every linear as int4 AWQ
-    (group 128)."""
+    """The model's params (the 8B by default) as abstract values: bfloat16, or with every linear (and a MoE
+    layer's expert stacks) as int4 AWQ (group 128); the routers stay bfloat16."""
     params = jax.eval_shape(lambda: random_params(config, jax.random.key(0), jnp.bfloat16))
     if weights == "awq":
         def awq(w):
-            n, k = w.shape
-            return AWQWeight(qweight=jax.ShapeDtypeStruct((k // 8, n), jnp.int32),
-                             zeros=jax.ShapeDtypeStruct((k // 128, n), jnp.int8),
-                             scales=jax.ShapeDtypeStruct((k // 128, n), jnp.bfloat16))
-        params = params.map_layers(lambda layer: layer.replace(**{f: awq(getattr(layer, f)) for f in LINEAR_FIELDS}))
+            *experts, n, k = w.shape  # [E, N, K] or [N, K]
+            return AWQWeight(qweight=jax.ShapeDtypeStruct((*experts, k // 8, n), jnp.int32),
+                             zeros=jax.ShapeDtypeStruct((*experts, k // 128, n), jnp.int8),
+                             scales=jax.ShapeDtypeStruct((*experts, k // 128, n), jnp.bfloat16))
+        params = params.map_layers(lambda layer: layer.replace(**{f: awq(getattr(layer, f)) for f in AWQ_FIELDS
+                                                                  if getattr(layer, f) is not None}))
     return params
 
 
@@ -127,14 +132,26 @@ def test_8b_batch1_decode_reads_each_weight_where_it_lies(h200, weights):
         assert len(report.kernels_named("awq_matmul")) == len(LINEAR_FIELDS) * CONFIG.num_layers
 
 
+def dense_stack_shapes(params) -> set[tuple[int, ...]]:
+    """The dense shapes int4 expert stacks stand for, whole and per expert, in both orientations: what a
+    dequantized copy outside the kernels would write."""
+    stacks = [w.shape for layer in params.layers for w in (layer.w_experts_gate_up, layer.w_experts_down)
+              if isinstance(w, AWQWeight)]
+    return {s for e, n, k in stacks for s in ((e, n, k), (e, k, n), (n, k), (k, n))}
+
+
+@pytest.mark.parametrize("weights", ["bf16", "awq"])
 @pytest.mark.parametrize("batch_size", [1, 8, 64])
-def test_moe_decode_reads_each_expert_where_it_lies(h200, batch_size):
+def test_moe_decode_reads_each_expert_where_it_lies(h200, batch_size, weights):
+    """With int4 weights the experts run in the int4 grouped matmuls: no dequantized expert or stack is written."""
     kernels = select_kernels()  # "auto" on a GPU: the Pallas attention and MoE kernels
     assert kernels.moe == "pallas"
-    report, params, kv, batch = compile_decode(h200, MOE_CONFIG, abstract_params(config=MOE_CONFIG), batch_size,
+    report, params, kv, batch = compile_decode(h200, MOE_CONFIG, abstract_params(weights, MOE_CONFIG), batch_size,
                                                kernels)
     assert_reads_weights_where_they_lie(report, MOE_CONFIG, params, kv, batch)
-    for prefix in ("moe_gate_up", "moe_down", "split_kv_paged_attention"):  # once per layer
+    assert materialized(report.hlo, dense_stack_shapes(params)) == []
+    suffix = "_int4" if weights == "awq" else ""
+    for prefix in (f"moe_gate_up{suffix}", f"moe_down{suffix}", "split_kv_paged_attention"):  # once per layer
         assert len(report.kernels_named(prefix)) == MOE_CONFIG.num_layers, (prefix, [k.name for k in report.kernels])
 
 
