@@ -143,7 +143,10 @@ def dense_stack_shapes(params) -> set[tuple[int, ...]]:
 @pytest.mark.parametrize("weights", ["bf16", "awq"])
 @pytest.mark.parametrize("batch_size", [1, 8, 64])
 def test_moe_decode_reads_each_expert_where_it_lies(h200, batch_size, weights):
-    """With int4 weights the experts run in the int4 grouped matmuls: no dequantized expert or stack is written."""
+    """With int4 weights the experts run in the int4 grouped matmuls (one of each per layer: what shows the int4
+    path runs), and no unfused dequantized expert or stack is written. The second check alone cannot tell the
+    paths apart: moe "reference" dequantizes every expert in jnp, and XLA fuses that into its GEMM (no array
+    written either); it guards against a dequantized copy outside the kernels."""
     kernels = select_kernels()  # "auto" on a GPU: the Pallas attention and MoE kernels
     assert kernels.moe == "pallas"
     report, params, kv, batch = compile_decode(h200, MOE_CONFIG, abstract_params(weights, MOE_CONFIG), batch_size,
