@@ -186,3 +186,17 @@ def test_expert_weights_of_another_format_are_refused_by_name():
 
     with pytest.raises(TypeError, match="expert weights in the Delta format are not supported"):
         expert_stack(Delta())
+
+
+def test_experts_stored_in_different_formats_are_refused_by_name():
+    """One expert int4, another dense: the stack cannot be built (assemble reports it as a ModelLoadError)."""
+    from jaxllm.model.params import expert_field, fuse_layer_tensors
+
+    def int4():  # stands for a dense [16, 16]
+        return AWQWeight(qweight=np.zeros((2, 16), np.int32), zeros=np.zeros((1, 16), np.int8),
+                         scales=np.ones((1, 16), np.float16))
+
+    tensors = {expert_field(e, p): int4() if e == 0 else np.zeros((16, 16), np.float32)
+               for e in range(2) for p in ("gate", "up", "down")}
+    with pytest.raises(TypeError, match="cannot stack weights of different formats: AWQWeight, dense"):
+        fuse_layer_tensors(tensors)
