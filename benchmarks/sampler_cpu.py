@@ -6,8 +6,10 @@ Prints a markdown table: median device time of the jitted `sample` per variant (
 and the host time of `build_sampling_batch`. Logits are Gaussian with scale 8 ("peaked": a top-p 0.9 nucleus
 of a few tokens, like a language model's usual next-token distribution) or scale 1 ("flat": a nucleus of
 thousands of tokens, beyond the top-k candidates, so the exact bisection runs for that row); "1/16 flat" makes
-every 16th row flat. The last variant samples with jax.random's threefry Gumbel noise per row, the per-logit
-noise the sampler avoids, for comparison.
+every 16th row flat. The threefry variant samples with jax.random's threefry Gumbel noise per row, the per-logit
+noise the sampler avoids, for comparison. The last two time the greedy argmax alone: jnp.argmax (XLA's) and the
+native kernel (pallas_kernels/argmax) that `sample` takes where Kernels.argmax is "cpu"; the sampler rows run with
+select_kernels()'s choice.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.model.kernels import select_kernels
 from jaxllm.sampler import sample
+from pallas_kernels.argmax.cpu import argmax_rows_cpu
+from pallas_kernels.argmax.reference import argmax_rows
 from jaxllm.sampling_batch import SamplingRow, build_sampling_batch
 from jaxllm.sampling_params import SamplingParams
 
@@ -52,7 +57,8 @@ def median_seconds(fn, repeats: int) -> float:
 def measure(num_rows: int, vocab: int, repeats: int) -> dict[str, tuple[float, float]]:
     """variant -> (device seconds, host build seconds) for one row count."""
     rng = np.random.RandomState(0)
-    sample_fn = jax.jit(sample)
+    kernels = select_kernels()
+    sample_fn = jax.jit(lambda logits, batch: sample(logits, batch, kernels))
     results = {}
     for name, (params, flat) in VARIANTS.items():
         scale = np.where(np.arange(num_rows) % round(1 / flat) == 0, 1.0, 8.0) if flat else np.full(num_rows, 8.0)
@@ -68,6 +74,9 @@ def measure(num_rows: int, vocab: int, repeats: int) -> dict[str, tuple[float, f
     reference = jax.jit(threefry_sample)
     results["temperature 0.8, threefry noise"] = (
         median_seconds(lambda: reference(logits, temperature, keys), repeats), float("nan"))
+    for name, fn in (("argmax alone: jnp.argmax", argmax_rows), ("argmax alone: native kernel", argmax_rows_cpu)):
+        compiled = jax.jit(fn)
+        results[name] = (median_seconds(lambda: compiled(logits), repeats), float("nan"))
     return results
 
 

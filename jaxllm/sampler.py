@@ -31,8 +31,11 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
+from jaxllm.model.kernels import REFERENCE, Kernels
 from jaxllm.sampling_batch import IN_PROMPT, NO_TOKEN, STOP_ID, LogitState, SamplingBatch
 from jaxllm.sampling_params import MAX_LOGPROBS
+from pallas_kernels.argmax.cpu import argmax_rows_cpu
+from pallas_kernels.argmax.reference import argmax_rows
 
 NUM_CANDIDATES = 256  # logits per row searched for the top-k / top-p cut before falling back to bisection
 BISECT_ROWS = 16  # rows bisected together when their cut lies beyond the candidates
@@ -57,8 +60,9 @@ class SamplerOutput:
     top_logprobs: jax.Array
 
 
-def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
-    """logits [R, V] float32 -> one token per row (see the module docstring for the order of operations)."""
+def sample(logits: jax.Array, batch: SamplingBatch, kernels: Kernels = REFERENCE) -> SamplerOutput:
+    """logits [R, V] float32 -> one token per row (see the module docstring for the order of operations);
+    kernels.argmax says how a row's argmax over the vocabulary runs."""
     logits = logits.astype(jnp.float32)
     if batch.token_bitmask is not None:
         logits = lax.cond(batch.has_bitmask, lambda: apply_token_bitmask(logits, batch.token_bitmask),
@@ -67,9 +71,9 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
     if batch.state is not None:
         adjusted = lax.cond(batch.has_adjustments, lambda: apply_adjustments(logits, batch, batch.state),
                             lambda: logits)
-    greedy = jnp.argmax(adjusted, axis=-1).astype(jnp.int32)
+    greedy = vocabulary_argmax(adjusted, kernels)  # [R]
     tokens = lax.cond(jnp.all(batch.is_greedy), lambda: greedy,
-                      lambda: jnp.where(batch.is_greedy, greedy, _random_sample(adjusted, batch)))
+                      lambda: jnp.where(batch.is_greedy, greedy, _random_sample(adjusted, batch, kernels)))
     num_top = min(MAX_LOGPROBS, logits.shape[1])
 
     def with_logprobs():
@@ -81,6 +85,12 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SamplerOutput:
         return SamplerOutput(tokens, chosen, ranks, top_ids, top_logprobs)
 
     return lax.cond(batch.wants_logprobs, with_logprobs, lambda: _no_logprobs(tokens, num_top))
+
+
+def vocabulary_argmax(x: jax.Array, kernels: Kernels) -> jax.Array:
+    """x [R, V] float32 -> [R] int32, jnp.argmax's first largest index: the native kernel where kernels.argmax is
+    "cpu" (XLA:CPU's own argmax does not vectorize: ~17x slower on [64, 49152], benchmarks/RESULTS.md)."""
+    return argmax_rows_cpu(x) if kernels.argmax == "cpu" else argmax_rows(x)
 
 
 def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
@@ -131,7 +141,7 @@ def count_sampled(state: LogitState, batch: SamplingBatch, tokens: jax.Array) ->
                          recent_tokens=state.recent_tokens.at[batch.slot].set(moved_on))
 
 
-def _random_sample(adjusted: jax.Array, batch: SamplingBatch) -> jax.Array:
+def _random_sample(adjusted: jax.Array, batch: SamplingBatch, kernels: Kernels) -> jax.Array:
     z = adjusted / batch.temperature[:, None]  # [R, V]
     random_rows = ~batch.is_greedy
     filters = random_rows & ((batch.top_k > 0) | (batch.top_p < 1) | (batch.min_p > 0))
@@ -139,7 +149,7 @@ def _random_sample(adjusted: jax.Array, batch: SamplingBatch) -> jax.Array:
                  lambda: z)
     keys = _row_keys(batch.rng_key_data, batch.rng_stream, batch.rng_counter)
     probs = jnp.exp(z - z.max(axis=-1, keepdims=True))  # [R, V] unnormalised; 0 where masked
-    return jnp.argmax(probs / exponential_noise(keys, z.shape[1]), axis=-1).astype(jnp.int32)
+    return vocabulary_argmax(probs / exponential_noise(keys, z.shape[1]), kernels)
 
 
 def apply_top_k_top_p_min_p(z: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array) -> jax.Array:

@@ -78,7 +78,8 @@ def _logits(params, hidden, vocab_size: int, replicated: NamedSharding, softcap:
 def _sample(params, hidden, sampling: SamplingBatch, state: LogitState, *, num_rows: int, num_sample_rows: int,
             vocab_size: int, replicated: NamedSharding, softcap: float | None = None, kernels: Kernels = REFERENCE):
     sampling = sampling.replace(state=state)
-    out = sample(_logits(params, hidden[:num_rows], vocab_size, replicated, softcap, kernels), sampling)  # logits [S, V]
+    out = sample(_logits(params, hidden[:num_rows], vocab_size, replicated, softcap, kernels), sampling,
+                 kernels)  # logits [S, V]
     next_tokens = jnp.pad(out.sampled_token_ids, (0, num_sample_rows - num_rows))
     return out, next_tokens, count_sampled(state, sampling, out.sampled_token_ids)
 

@@ -13,6 +13,8 @@
                                            weights.py), else two_rows (a one-row dot with a 16-bit dense weight runs
                                            as a two-row product, as float16 ones do under native too); direct
                                            (XLA's own dot) on a GPU
+    argmax       cpu, reference            cpu on CPU where it builds (the sampler's argmax over the vocabulary:
+                                           XLA:CPU does not vectorize jnp.argmax); else reference
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -26,6 +28,7 @@ import logging
 
 import jax
 
+from pallas_kernels.argmax.cpu import argmax_kernel_error
 from pallas_kernels.paged_attention.cpu_kernel import cpu_kernel_error
 from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv_error
 from pallas_kernels.skinny_matmul.cpu import skinny_kernel_error
@@ -34,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
-           "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows", "native")}
+           "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows", "native"),
+           "argmax": ("cpu", "reference")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Kernels:
     kv_write: str = "reference"
     moe: str = "reference"
     matvec16: str = "direct"
+    argmax: str = "reference"
     interpret: bool = False  # Pallas kernels run in interpret mode (no GPU)
 
     def __post_init__(self):
@@ -67,7 +72,7 @@ def select_kernels(attention: str = "auto", awq_matmul: str = "auto", lora_matmu
     return Kernels(attention=resolve_attention(attention),
                    awq_matmul=_pallas_on_gpu(awq_matmul, gpu), lora_matmul=_pallas_on_gpu(lora_matmul, gpu),
                    kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu),
-                   matvec16=_resolve_matvec16(gpu), interpret=not gpu)
+                   matvec16=_resolve_matvec16(gpu), argmax=_resolve_argmax(gpu), interpret=not gpu)
 
 
 def resolve_attention(name: str) -> str:
@@ -111,6 +116,10 @@ def _resolve_matvec16(gpu: bool) -> str:
     if gpu:
         return "direct"
     return "native" if skinny_kernel_error() is None else "two_rows"
+
+
+def _resolve_argmax(gpu: bool) -> str:
+    return "cpu" if not gpu and argmax_kernel_error() is None else "reference"
 
 
 def _cpu_or_reference() -> str:
