@@ -1,0 +1,85 @@
+"""Where a jitted forward's device time goes, by XLA operation kind: a jax.profiler trace of the default model's
+step (the layers and the LM head), its events summed by name with the instance numbers dropped.
+
+    cd benchmarks && python forward_ops.py --batch 64 --new-tokens 1 --context 192   # a decode step
+    cd benchmarks && python forward_ops.py --batch 4 --new-tokens 128 --context 0    # a 512-token prefill
+
+Kinds on CPU: ynn_fusion (XLA's dots, YNNPACK), ffi_call (the native kernels: attention, K/V write, skinny and
+argmax), *_fusion (XLA's elementwise loops), psum (all-reduces), copy. The pool is not donated here, so a `copy`
+of the whole K/V pool (two a step) belongs to this benchmark, not to the engine's program, which donates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from core_forward import BLOCK_SIZE
+from skinny_forward import step_program
+
+from jaxllm.loaders import load_model
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, select_kernels
+
+
+def step_inputs(config, batch: int, new_tokens: int, context: int, dtype):
+    """A pool and a step of `batch` sequences, `new_tokens` each after `context` cached, logits of the last."""
+    per_seq = -(-(context + new_tokens) // BLOCK_SIZE)
+    kv = init_kv_cache(config, 1 + batch * per_seq, BLOCK_SIZE, dtype)
+    chunks = [SequenceChunk(list(range(7 + s, 7 + s + new_tokens)), context,
+                            list(range(1 + s * per_seq, 1 + (s + 1) * per_seq))) for s in range(batch)]
+    return kv, build_step_batch(chunks, BLOCK_SIZE)
+
+
+def op_times(trace_dir: Path, calls: int) -> dict[str, tuple[float, int]]:
+    """kind -> (ms a call of the step, events a call) from the trace's device-side events."""
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_file(str(next(trace_dir.rglob("*.xplane.pb"))))
+    totals = collections.defaultdict(lambda: [0.0, 0])
+    for plane in data.planes:
+        for line in plane.lines:
+            if line.name == "python":
+                continue
+            for event in line.events:
+                if event.name.startswith(("ThunkExecutor", "end:")):
+                    continue
+                kind = re.sub(r"\.\d+", "", event.name)
+                totals[kind][0] += event.duration_ns / 1e6 / calls
+                totals[kind][1] += 1
+    return {kind: (ms, count // calls) for kind, (ms, count) in totals.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=1)
+    parser.add_argument("--context", type=int, default=192)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+
+    kernels = select_kernels()
+    loaded = load_model(dtype=args.dtype)
+    kv, batch = step_inputs(loaded.config, args.batch, args.new_tokens, args.context, jnp.dtype(args.dtype))
+    step = step_program(loaded.config, kernels, kernels)
+    for _ in range(3):
+        jax.block_until_ready(step(loaded.params, kv, batch))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(args.calls):
+                jax.block_until_ready(step(loaded.params, kv, batch))
+        times = op_times(Path(trace_dir), args.calls)
+    print(f"{args.batch} x {args.new_tokens} new tokens after {args.context}, {args.dtype}, {kernels}\n")
+    print("| kind | ms a step | events a step |\n|---|---:|---:|")
+    for kind, (ms, count) in sorted(times.items(), key=lambda item: -item[1][0])[:args.top]:
+        print(f"| {kind} | {ms:.2f} | {count} |")
+
+
+if __name__ == "__main__":
+    main()
