@@ -27,19 +27,27 @@ def pallas_moe(*args):
     return moe_experts(*args, implementation="pallas")
 
 
-@pytest.mark.parametrize("tokens", [8, 256])
-def test_moe_kernels_fit_sm90(h200, tokens):
-    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=h200.replicated()),
-                          moe_args(tokens))
+def compiled_moe_kernels(h200, args, tokens: int, suffix: str = "") -> list:
+    """The gate_up and down kernels of the Pallas MoE compiled for the H200 on `args`: one of each (named
+    moe_gate_up{suffix}*, moe_down{suffix}*), each fitting sm_90, over (tiles, column blocks) with the tile axis first
+    (fastest)."""
+    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=h200.replicated()), args)
     report = h200.compile(jax.jit(pallas_moe), *placed)
-    block_m = pallas_block_m(tokens * TOP_K, EXPERTS)
-    tiles = num_tiles(tokens * TOP_K, EXPERTS, block_m)
-    for prefix, columns in (("moe_gate_up", INTER), ("moe_down", HIDDEN)):
+    tiles = num_tiles(tokens * TOP_K, EXPERTS, pallas_block_m(tokens * TOP_K, EXPERTS))
+    found = []
+    for prefix, columns in ((f"moe_gate_up{suffix}", INTER), (f"moe_down{suffix}", HIDDEN)):
         kernels = report.kernels_named(prefix)
         assert len(kernels) == 1, f"no single {prefix}* kernel among {[k.name for k in report.kernels]}"
         assert kernels[0].problems() == [], kernels[0]
-        assert kernels[0].grid[:2] == (tiles, -(-columns // 64)), kernels[0]  # the tile axis first (fastest)
+        assert kernels[0].grid[:2] == (tiles, -(-columns // 64)), kernels[0]
         print(f"T={tokens} {kernels[0]}")
+        found.append(kernels[0])
+    return found
+
+
+@pytest.mark.parametrize("tokens", [8, 256])
+def test_moe_kernels_fit_sm90(h200, tokens):
+    compiled_moe_kernels(h200, moe_args(tokens), tokens)
 
 
 GROUP = 128  # AutoAWQ's usual group size
@@ -59,17 +67,7 @@ def awq_moe_args(tokens):
 @pytest.mark.parametrize("tokens", [8, 256])
 def test_int4_moe_kernels_fit_sm90(h200, tokens):
     """The int4 grouped matmuls (awq_kernel.py) at the same shapes: both fit sm_90 and dequantize in PTX."""
-    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=h200.replicated()),
-                          awq_moe_args(tokens))
-    report = h200.compile(jax.jit(pallas_moe), *placed)
-    block_m = pallas_block_m(tokens * TOP_K, EXPERTS)
-    tiles = num_tiles(tokens * TOP_K, EXPERTS, block_m)
-    for prefix, columns in (("moe_gate_up_int4", INTER), ("moe_down_int4", HIDDEN)):
-        kernels = report.kernels_named(prefix)
-        assert len(kernels) == 1, f"no single {prefix}* kernel among {[k.name for k in report.kernels]}"
-        assert kernels[0].problems() == [], kernels[0]
-        assert kernels[0].grid[:2] == (tiles, -(-columns // 64)), kernels[0]
-        with open(kernels[0].ptx) as f:
+    for kernel in compiled_moe_kernels(h200, awq_moe_args(tokens), tokens, suffix="_int4"):
+        with open(kernel.ptx) as f:
             ptx = f.read()
-        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "prmt.b32" in ptx, kernels[0]
-        print(f"T={tokens} {kernels[0]}")
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "prmt.b32" in ptx, kernel
