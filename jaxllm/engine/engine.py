@@ -34,7 +34,6 @@ from collections import deque
 from typing import Any, Sequence
 
 import jax
-import numpy as np
 
 from jaxllm import progress
 from jaxllm.config import LoRAConfig, ParallelConfig, merge_token_ids
