@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import numbers
 import time
 from collections import deque
 from typing import Any, Sequence
@@ -399,10 +400,13 @@ class LLMEngine:
             raise ValueError("prompt is empty: at least one token is needed")
         vocab = self.model_config.vocab_size
         for i, token in enumerate(token_ids):
-            if not isinstance(token, int) or not 0 <= token < vocab:
+            if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is not a token id: must be an int, got "
+                                 f"{type(token).__name__}")
+            if not 0 <= token < vocab:
                 raise ValueError(f"prompt_token_ids[{i}] = {token!r} is not a token id in [0, {vocab}) (out of "
                                  f"vocabulary)")
-        return text, token_ids
+        return text, [int(token) for token in token_ids]  # numpy's integers as ints
 
     @staticmethod
     def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -197,3 +197,14 @@ def test_priority_needs_the_priority_policy(tiny_model_dir):
         fcfs.add_request("p", [1, 2], PARAMS, priority=1.5)
     fcfs.add_request("p", [1, 2], PARAMS, priority=0)
     make_engine(tiny_model_dir("llama2")[0], scheduling_policy="priority").add_request("p", [1, 2], PARAMS, priority=2)
+
+
+def test_prompt_token_ids_must_be_integers_and_numpys_are_taken_as_ints(tiny_model_dir):
+    import numpy as np
+
+    engine = make_engine(tiny_model_dir("llama2")[0])
+    _, token_ids = engine.tokenize(np.array([5, 6, 7], np.int64))
+    assert token_ids == [5, 6, 7] and all(type(t) is int for t in token_ids)
+    for bad in ([5, True], [5, 6.0], [5, "6"]):
+        with pytest.raises(ValueError, match=r"prompt_token_ids\[1\] = .* is not a token id: must be an int, got"):
+            engine.tokenize({"prompt_token_ids": bad})
