@@ -250,7 +250,7 @@ class EngineArgs:
         if draft is None:
             logger.info("KV cache: %d blocks of %d tokens", num_blocks, self.block_size)
             return
-        target, drafts = self._kv_block_bytes_per_device(loaded), kv_block_bytes_per_device(draft, self.block_size)
+        target, drafts = self._kv_block_bytes_per_device(loaded), self._draft_block_bytes(draft)
         logger.info("KV cache: %d blocks of %d tokens for the target (%d bytes a block, %.2f GiB) and %d for the "
                     "draft model (%d bytes a block, %.2f GiB)", num_blocks, self.block_size, target,
                     num_blocks * target / 2**30, num_blocks, drafts, num_blocks * drafts / 2**30)
@@ -297,8 +297,9 @@ class EngineArgs:
         target = self._kv_block_bytes_per_device(loaded)
         if draft is None:
             return f"{target} bytes"
-        return (f"{target + self._draft_block_bytes(draft)} bytes (the target's {target} bytes and the draft "
-                f"model's {self._draft_block_bytes(draft)} bytes: its pool holds as many blocks)")
+        drafts = self._draft_block_bytes(draft)
+        return (f"{target + drafts} bytes (the target's {target} bytes and the draft model's {drafts} bytes: its "
+                f"pool holds as many blocks)")
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size or 1,
