@@ -325,10 +325,7 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:  # a preempted request recomputes from 0 anyway
             request.num_computed_tokens -= len(proposals) - accepted
         for token in run:
-            request.append_output(token)
-            if request.first_token_time is None:
-                request.first_token_time = time.monotonic()
-            if not self._grammar_takes_last_token(request):
+            if not self._append_token(request, token):
                 return True
             status, reason = self._stop_status(request)
             if status is not None:
@@ -443,13 +440,9 @@ class Scheduler:
                 continue
             if request.status.finished:  # aborted, or stopped by an earlier step's token, while this one ran
                 continue
-            if chunk.samples:
-                request.append_output(sampled[chunk.request_id])
-                if request.first_token_time is None:
-                    request.first_token_time = time.monotonic()
-                if not self._grammar_takes_last_token(request):
-                    finished.append(request)
-                    continue
+            if chunk.samples and not self._append_token(request, sampled[chunk.request_id]):
+                finished.append(request)
+                continue
             if request.status is RequestStatus.RUNNING:
                 self.kv_cache.cache_computed_blocks(request)
             if not chunk.samples:
@@ -460,13 +453,16 @@ class Scheduler:
                 finished.append(request)
         return finished
 
-    def _grammar_takes_last_token(self, request: Request) -> bool:
-        """Advance a constrained request's grammar over its newest output token; one the grammar does not allow
-        aborts the request (False)."""
-        if request.grammar is None or request.grammar.accept(request.output_token_ids[-1]):
+    def _append_token(self, request: Request, token: int) -> bool:
+        """Append a sampled token to the request's output (its first one's time noted) and advance a constrained
+        request's grammar over it; one the grammar does not allow aborts the request (False)."""
+        request.append_output(token)
+        if request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+        if request.grammar is None or request.grammar.accept(token):
             return True
         logger.error("request %s: token %d was sampled where its grammar does not allow it: aborted",
-                     request.request_id, request.output_token_ids[-1])
+                     request.request_id, token)
         self.finish(request, RequestStatus.FINISHED_ABORTED)
         return False
 
