@@ -382,7 +382,8 @@ class LLMEngine:
         if isinstance(prompt, dict):
             _check_prompt_keys(prompt)
             if "prompt_token_ids" in prompt:
-                text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                text, token_ids = prompt.get("prompt"), _token_list(prompt["prompt_token_ids"],
+                                                                    "prompt_token_ids must be a list of token ids")
             elif "prompt" in prompt:
                 return self._tokenize(prompt["prompt"])
             else:
@@ -395,7 +396,7 @@ class LLMEngine:
                                  f"surrogate: not valid Unicode")
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
-            text, token_ids = None, list(prompt)
+            text, token_ids = None, _token_list(prompt, "prompt must be text, a list of token ids or a prompt dict")
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
         vocab = self.model_config.vocab_size
@@ -471,6 +472,15 @@ def _place(loaded, parallel: ParallelConfig):
     tensor_parallel.check_tp_size(loaded.config, tp_size, len(jax.devices()))
     mesh = tensor_parallel.make_mesh(tp_size)
     return mesh, place_model(loaded, mesh)
+
+
+def _token_list(token_ids, requirement: str) -> list:
+    """A prompt's token ids as a list; ValueError (the requirement, and the type given) for what holds none (an
+    int, None)."""
+    try:
+        return list(token_ids)
+    except TypeError:
+        raise ValueError(f"{requirement}, got {type(token_ids).__name__}") from None
 
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "lora_request")  # what a prompt dict may hold

@@ -208,3 +208,15 @@ def test_prompt_token_ids_must_be_integers_and_numpys_are_taken_as_ints(tiny_mod
     for bad in ([5, True], [5, 6.0], [5, "6"]):
         with pytest.raises(ValueError, match=r"prompt_token_ids\[1\] = .* is not a token id: must be an int, got"):
             engine.tokenize({"prompt_token_ids": bad})
+
+
+@pytest.mark.parametrize("prompt, message", [
+    (5, "prompt must be text, a list of token ids or a prompt dict, got int"),
+    (None, "prompt must be text, a list of token ids or a prompt dict, got NoneType"),
+    ({"prompt_token_ids": 5}, "prompt_token_ids must be a list of token ids, got int"),
+])
+def test_a_prompt_that_holds_no_token_ids_is_a_value_error_naming_it(tiny_model_dir, prompt, message):
+    engine = make_engine(tiny_model_dir("llama2")[0])
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        engine.add_request("r", prompt, PARAMS)
+    assert not engine.has_unfinished_requests()
