@@ -169,7 +169,7 @@ def parse_calls(text: str) -> list[Call] | None:
     """The calls of a Python list of calls, or None unless it is one, and not empty."""
     try:
         tree = ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError):  # ValueError: a null character
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # also a null character, nesting too deep
         return None
     if not isinstance(tree, ast.List) or not tree.elts:
         return None

@@ -153,3 +153,12 @@ def test_broken_lists_stream_as_extracted_and_well_formed_ones_read_as_the_ast_d
         if whole is not None:
             expected = (None, [(call.name, call.arguments) for call in whole])
             assert without_ids(get_tool_parser("pythonic").extract(text)) == expected, text
+
+
+@pytest.mark.parametrize("value", ["-" * 100_000 + "1", "not " * 100_000 + "x"])
+def test_a_list_nested_too_deep_for_the_parser_is_content(value):
+    """ast.parse raises MemoryError for nesting this deep: the list is no calls, never an error."""
+    text = f"[1, f(a={value})]"
+    assert parse_calls(text) is None
+    assert get_tool_parser("pythonic").extract(text).content == text
+    check_streams_as_extracted("pythonic", text, [text])
