@@ -284,7 +284,7 @@ class Scheduler:
             proposals = propose_ngram(np.asarray(request.all_token_ids, np.int32), k, spec.prompt_lookup_min,
                                       spec.prompt_lookup_max) if k > 0 else ()
         if not len(proposals):
-            request.spec.record(0)
+            self._record_acceptance(request, 0)
         return [int(t) for t in proposals]
 
     def _draft_model_proposals(self, draft_rows: int) -> dict[str, list[int]]:
@@ -319,7 +319,7 @@ class Scheduler:
         accepted = len(run) - 1
         request.num_spec_in_flight = 0
         self.spec_stats.observe(len(proposals), accepted)
-        request.spec.record(accepted)
+        self._record_acceptance(request, accepted)
         if request.status.finished:
             return False
         if request.status is RequestStatus.RUNNING:  # a preempted request recomputes from 0 anyway
@@ -334,6 +334,13 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:
             self.kv_cache.cache_computed_blocks(request)
         return False
+
+    def _record_acceptance(self, request: Request, accepted: int) -> None:
+        """Count an eligible step in its acceptance record; once it stops speculating its draft state and blocks
+        are freed (it proposes no more)."""
+        request.spec.record(accepted)
+        if request.spec.off and self.proposer is not None:
+            self.proposer.free(request.request_id)
 
     def speculating(self) -> bool:
         """Whether a running request may speculate (its steps need the previous step's tokens on the host)."""

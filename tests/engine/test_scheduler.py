@@ -174,3 +174,36 @@ def test_randomized_stress_keeps_pool_consistent(seed):
     assert steps_with_preemption > 0 and pool.prefix_cache_hits > 0  # the test exercised both
     assert all(b.ref_count == 0 for b in pool.blocks)
     assert pool.num_free_blocks == pool.num_usable_blocks
+
+
+def test_a_request_that_stops_speculating_frees_its_draft_state():
+    """A draft proposer whose proposals are never accepted: once the request's acceptance record turns it off,
+    its draft state (and the draft pool's blocks) is freed, not held until the request ends."""
+    from jaxllm.spec_decode.config import SpeculativeConfig
+    from jaxllm.spec_decode.eligibility import ACCEPTANCE_WINDOW
+
+    class NeverRight:
+        def __init__(self):
+            self.holding: set[str] = set()
+
+        def propose(self, wanted):
+            self.holding |= {rid for rid, _, _ in wanted}
+            return {rid: [5] * k for rid, _, k in wanted}
+
+        def free(self, request_id):
+            self.holding.discard(request_id)
+
+    proposer = NeverRight()
+    speculative = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 2})
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=256),
+                          KVCacheManager(BlockPool(128), B), speculative=speculative, proposer=proposer)
+    scheduler.add_request(req("r", 4, max_tokens=100, ignore_eos=True))
+    request = scheduler.requests["r"]
+    for _ in range(200):
+        out = scheduler.schedule()
+        runs = {rid: [7] for rid in out.scheduled_spec_decode_tokens}  # the target's token: no proposal accepted
+        scheduler.update(out, {c.request_id: 7 for c in out.chunks if c.samples}, runs)
+        if request.spec.off:
+            break
+    assert request.spec.off and request.spec.steps >= ACCEPTANCE_WINDOW
+    assert proposer.holding == set() and not request.status.finished
