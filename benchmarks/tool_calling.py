@@ -14,10 +14,12 @@ How to read it:
   forced calls  every tool set (1-5 tools: strings, bounded integers, numbers, booleans, enums, arrays, nested and
                 optional fields, $defs/$ref) with its user message, asked with tool_choice "required" (parallel
                 calls allowed, then parallel_tool_calls=false) and with its first tool named, at temperature 0 and
-                at a seeded temperature 0.8, through the openai client. A reply is valid when it has calls, every
-                call's arguments json.loads, names a declared tool (the named one when named, one call at most
-                with parallel_tool_calls=false) and validates against that tool's parameters (jsonschema), and it
-                did not stop at max_tokens: a reply cut by max_tokens counts as invalid, whatever came back.
+                at a seeded temperature 0.8 (--temperatures; "unset" sends neither temperature nor seed, as a
+                client that leaves sampling to the server), through the openai client. A reply is valid when it
+                has calls, every call's arguments json.loads, names a declared tool (the named one when named,
+                one call at most with parallel_tool_calls=false) and validates against that tool's parameters
+                (jsonschema), and it did not stop at max_tokens: a reply cut by max_tokens counts as invalid,
+                whatever came back.
   langchain     ChatOpenAI(base_url=...).bind_tools(tools, tool_choice="required") on a subset, temperature 0;
                 valid as above, read from AIMessage.tool_calls (invalid_tool_calls must be empty).
   streaming     a subset asked through the openai client's stream helper (client.chat.completions.stream) at
@@ -145,7 +147,7 @@ TOOL_SETS: list[tuple[list[dict], str]] = [
                                          "minute": {"type": "integer", "minimum": 0, "maximum": 59},
                                          "days": {"type": "array", "items": {"enum": ["mon", "tue", "wed", "thu",
                                                                                        "fri", "sat", "sun"]},
-                                                  "uniqueItems": True},
+                                                  "maxItems": 7},
                                          "label": STRING}, ["hour", "minute"])],
      "Wake me up at 6:45 on weekdays."),
     ([tool("order_pizza", "Order a pizza", {
@@ -251,10 +253,13 @@ def reply_problem(calls: list[tuple[str, str | dict]], finish: str | None, tools
 # ------------------------------------------------------------------------------------------------------ requests
 
 
-def request_body(tools: list[dict], message: str, choice: str, temperature: float, args) -> dict:
+def request_body(tools: list[dict], message: str, choice: str, temperature: float | None, args) -> dict:
+    """temperature None: no temperature and no seed sent, as a client that leaves sampling to the server."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": message}], "tools": tools,
-            "max_tokens": args.max_tokens, "temperature": temperature}
-    if temperature > 0:
+            "max_tokens": args.max_tokens}
+    if temperature is not None:
+        body["temperature"] = temperature
+    if temperature is not None and temperature > 0:
         body["seed"] = args.seed
     if choice == "required":
         body["tool_choice"] = "required"
@@ -374,7 +379,7 @@ def table(title: str, groups: dict[str, list[dict]]) -> str:
 
 def forced_calls(client: openai.OpenAI, sets: list, args) -> dict[str, list[dict]]:
     choices = ["required", "required, parallel_tool_calls=false", "named"]
-    temperatures = [0.0, 0.8]
+    temperatures = args.temperatures
     jobs = [(i, c, t) for t in temperatures for c in choices for i in range(len(sets))]
 
     def one(i: int, choice: str, temperature: float) -> dict:
@@ -387,9 +392,18 @@ def forced_calls(client: openai.OpenAI, sets: list, args) -> dict[str, list[dict
         return result
 
     rows = run_all(one, jobs, args.concurrency)
-    return {f"{c}, T={'0' if t == 0 else f'{t} seed {args.seed}'}": [r for r in rows if (r["choice"], r["temperature"])
-                                                                     == (c, t)]
+    return {f"{c}, {temperature_label(t, args.seed)}": [r for r in rows if (r["choice"], r["temperature"]) == (c, t)]
             for t in temperatures for c in choices}
+
+
+def temperature_label(temperature: float | None, seed: int) -> str:
+    if temperature is None:
+        return "temperature and seed unset (the server's default sampling)"
+    return "T=0" if temperature == 0 else f"T={temperature} seed {seed}"
+
+
+def temperature_arg(text: str) -> float | None:
+    return None if text == "unset" else float(text)
 
 
 def langchain_calls(url: str, sets: list, args) -> list[dict]:
@@ -487,7 +501,9 @@ def main() -> None:
     parser.add_argument("--skip-auto", action="store_true", help="no tool_choice 'auto' run")
     parser.add_argument("--max-tokens", type=int, default=1024, help="ample: the longest reply that ended by "
                         "itself in a trial ran to 577 tokens")
-    parser.add_argument("--seed", type=int, default=1234, help="the seed of the temperature 0.8 requests")
+    parser.add_argument("--seed", type=int, default=1234, help="the seed of the requests with a temperature > 0")
+    parser.add_argument("--temperatures", type=temperature_arg, nargs="+", default=[0.0, 0.8],
+                        help="the forced calls' temperatures; 'unset' sends neither temperature nor seed")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (also --max-num-seqs)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--timeout", type=float, default=900, help="seconds for the server to become healthy")
