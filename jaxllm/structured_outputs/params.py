@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from jaxllm import optional_deps
+from jaxllm.structured_outputs.unenforced import unenforced_keyword
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
@@ -99,6 +100,7 @@ def _parse(kind: str, text: str, disable_any_whitespace: bool):
     try:
         if kind in ("json", "json_object"):  # json_object: any object (not any JSON value)
             schema = text if kind == "json" else '{"type": "object"}'
+            _check_enforced(schema)
             return xgr.Grammar.from_json_schema(schema, any_whitespace=not disable_any_whitespace)
         if kind == "regex":
             return xgr.Grammar.from_regex(text)
@@ -109,6 +111,18 @@ def _parse(kind: str, text: str, disable_any_whitespace: bool):
         return xgr.Grammar.from_structural_tag(text)
     except (RuntimeError, ValueError, TypeError) as e:
         raise ValueError(f"structured_outputs.{kind}: {_parser_message(e)}") from None
+
+
+def _check_enforced(schema_text: str) -> None:
+    """ValueError for a schema with a keyword the grammar would not enforce (unenforced.py); a text that is not
+    JSON is left to the parser's own message."""
+    try:
+        schema = json.loads(schema_text)
+    except ValueError:
+        return
+    problem = unenforced_keyword(schema)
+    if problem is not None:
+        raise ValueError(f"{problem}; remove it from the schema")
 
 
 def _parser_message(error: Exception) -> str:

@@ -35,7 +35,7 @@ def required_schema(tools: list[dict], *, parallel_tool_calls: bool = True) -> d
     for key in _DEFINITIONS:
         definitions = _merged_definitions(tools, key)
         if definitions:
-            schema[key] = {name: implied_bounds(definition) for name, definition in definitions.items()}
+            schema[key] = definitions
     return schema
 
 
@@ -43,7 +43,7 @@ def named_schema(tools: list[dict], name: str) -> dict:
     """The schema of a named tool_choice: the function's parameters."""
     for tool in tools:
         if tool["function"]["name"] == name:
-            return implied_bounds(copy.deepcopy(tool["function"].get("parameters") or _NO_PARAMETERS))
+            return copy.deepcopy(tool["function"].get("parameters") or _NO_PARAMETERS)
     raise ValueError(f"tool_choice.function.name: {name!r} is not a declared tool")
 
 
@@ -127,47 +127,9 @@ def _call_schema(tool: dict) -> dict:
     parameters = copy.deepcopy(function.get("parameters") or _NO_PARAMETERS)
     for key in _DEFINITIONS:
         parameters.pop(key, None)
-    parameters = implied_bounds(parameters)
     return {"type": "object", "properties": {"name": {"type": "string", "enum": [function["name"]]},
                                              "parameters": parameters},
             "required": ["name", "parameters"], "additionalProperties": False}
-
-
-def implied_bounds(schema: Any) -> Any:
-    """`schema` (changed in place) with the item counts that its uniqueItems arrays already imply written out as
-    maxItems: an array of distinct items drawn from an enum of k values (or booleans: 2, a const: 1) has at most
-    k items. The schema accepts exactly what it accepted; the grammar then cannot repeat an item forever."""
-    if isinstance(schema, list):
-        for item in schema:
-            implied_bounds(item)
-    elif isinstance(schema, dict):
-        for key, value in schema.items():
-            if key in _SCHEMA_MAPS and isinstance(value, dict):
-                for subschema in value.values():
-                    implied_bounds(subschema)
-            elif key not in ("enum", "const", "default", "examples"):
-                implied_bounds(value)
-        items = schema.get("items")
-        count = _distinct_values(items) if schema.get("uniqueItems") is True else None
-        if count is not None and not (isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= count):
-            schema["maxItems"] = count
-    return schema
-
-
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
-
-
-def _distinct_values(items: Any) -> int | None:
-    """How many distinct values an items schema allows, where it says so plainly (None: not counted)."""
-    if not isinstance(items, dict):
-        return None
-    if "const" in items:
-        return 1
-    if isinstance(items.get("enum"), list):
-        return len({repr(value) for value in items["enum"]})
-    if items.get("type") == "boolean":
-        return 2
-    return None
 
 
 def _merged_definitions(tools: list[dict], key: str) -> dict:

@@ -1,19 +1,19 @@
 """tool_choice "required" and named: the schemas, checked with jsonschema against example outputs (and accepted by
-xgrammar, the engine's structured-outputs backend, where it is installed), the bounds they add (at most
-MAX_PARALLEL_CALLS calls; the maxItems a uniqueItems enum array implies), and outputs read back into calls, whole
+xgrammar, the engine's structured-outputs backend, where it is installed), the bound they add (at most
+MAX_PARALLEL_CALLS calls), and outputs read back into calls, whole
 and streamed in pieces."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 
 import jsonschema
 import pytest
 
 from jaxllm.tool_calling import (MAX_PARALLEL_CALLS, NamedToolParser, RequiredToolParser, ToolCallDelta,
                                  assemble_tool_deltas, named_schema, required_schema, validate_tools)
-from jaxllm.tool_calling.forced import implied_bounds
 from tests.tool_calling.helpers import check_delta_shapes, random_pieces, without_ids
 
 TOOLS = [
@@ -64,28 +64,20 @@ def test_required_schema_accepts_calls_and_refuses_the_rest():
     assert is_valid(schema, many) and not is_valid(schema, many + many[:1])
 
 
-def test_implied_bounds_write_out_what_unique_items_already_imply():
+def test_a_tool_schema_the_grammar_would_not_enforce_is_refused_naming_where():
+    """uniqueItems is accepted by xgrammar and not enforced: a forced call could repeat an item, so the forced
+    schema is refused (structured outputs' check), naming the keyword and where it sits."""
+    from jaxllm.structured_outputs import StructuredOutputsParams
+
+    pytest.importorskip("xgrammar")
     days = {"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "uniqueItems": True}
-    schema = {"type": "object", "properties": {
-        "days": days, "enum": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
-        "tags": {"type": "array", "items": {"enum": ["a", "b"]}},  # repeats allowed: no bound
-        "one": {"type": "array", "items": {"const": 3}, "uniqueItems": True, "maxItems": 5},
-        "tight": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "maxItems": 1}},
-        "$defs": {"d": days}}
-    bounded = implied_bounds(json.loads(json.dumps(schema)))
-    props = bounded["properties"]
-    assert props["days"]["maxItems"] == 3 and bounded["$defs"]["d"]["maxItems"] == 3
-    assert props["enum"]["maxItems"] == 2 and props["one"]["maxItems"] == 1 and props["tight"]["maxItems"] == 1
-    assert "maxItems" not in props["tags"]
-    # the same values are valid before and after: every subset, and one item too many is refused by both
-    for value in ({"days": ["mon", "wed", "tue"]}, {"days": ["mon", "mon"]}, {"enum": [True, False]},
-                  {"one": [3]}, {"one": [3, 3]}, {"tags": ["a"] * 9}, {"tight": ["a", "b"]}):
-        assert is_valid(schema, value) == is_valid(bounded, value), value
-    tools = [{"type": "function", "function": {"name": "alarm", "parameters": schema}}]
-    assert named_schema(tools, "alarm")["properties"]["days"]["maxItems"] == 3
-    assert required_schema(tools)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["days"][
-        "maxItems"] == 3
-    assert "maxItems" not in schema["properties"]["days"]  # the tools are left as they were
+    tools = [{"type": "function", "function": {"name": "alarm", "parameters": {
+        "type": "object", "properties": {"days": days}}}}]
+    for schema, where in ((required_schema(tools), "items.anyOf[0].properties.parameters.properties.days"),
+                          (named_schema(tools, "alarm"), "properties.days")):
+        with pytest.raises(ValueError, match=rf"{re.escape(where)}: uniqueItems is not enforced"):
+            StructuredOutputsParams(json=schema).parsed()
+    assert tools[0]["function"]["parameters"]["properties"]["days"] == days  # the tools are left as they were
 
 
 @pytest.mark.parametrize("output", GOOD)
