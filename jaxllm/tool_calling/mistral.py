@@ -105,7 +105,7 @@ def parse_array(text: str) -> list[Call] | None:
     """The calls of a JSON array [{"name": ..., "arguments": {...}}, ...], or None unless all are well formed."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting too deep for the decoder
         return None
     if not isinstance(value, list) or not value:
         return None

@@ -227,3 +227,11 @@ def test_registry():
     assert get_tool_parser("llama4_json").extract('{"name": "f", "parameters": {}}').tool_calls[0].name == "f"
     with pytest.raises(ValueError, match=r"unknown tool call parser 'hermes2'.*hermes, llama3_json.*pythonic"):
         get_tool_parser("hermes2")
+
+
+def test_a_mistral_array_nested_too_deep_for_the_json_decoder_is_content():
+    """json.loads raises RecursionError for nesting this deep: the array is no calls, never an error (hermes and
+    llama3_json hand such arguments on as their text, unparsed)."""
+    text = '[TOOL_CALLS][{"name": "f", "arguments": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}]"
+    result = get_tool_parser("mistral").extract(text)
+    assert not result.tool_calls and result.content == text
