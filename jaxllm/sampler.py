@@ -68,7 +68,8 @@ def sample(logits: jax.Array, batch: SamplingBatch, kernels: Kernels = REFERENCE
         logits = lax.cond(batch.has_bitmask, lambda: apply_token_bitmask(logits, batch.token_bitmask),
                           lambda: logits)
     adjusted = logits  # [R, V]
-    if batch.state is not None:
+    if batch.state is not None:  # the false branch copies the logits (they stay live for the logprobs); a cond
+        # returning tokens instead would hold the sampling code twice (benchmarks/RESULTS.md, "logits copy")
         adjusted = lax.cond(batch.has_adjustments, lambda: apply_adjustments(logits, batch, batch.state),
                             lambda: logits)
     greedy = vocabulary_argmax(adjusted, kernels)  # [R]
