@@ -18,10 +18,11 @@ How to read it:
                 client that leaves sampling to the server), through the openai client. A reply is valid when it
                 has calls, every call's arguments json.loads, names a declared tool (the named one when named,
                 one call at most with parallel_tool_calls=false) and validates against that tool's parameters
-                (jsonschema), and it did not stop at max_tokens: a reply cut by max_tokens counts as invalid,
-                whatever came back.
-  langchain     ChatOpenAI(base_url=...).bind_tools(tools, tool_choice="required") on a subset, temperature 0;
-                valid as above, read from AIMessage.tool_calls (invalid_tool_calls must be empty).
+                (jsonschema), and it did not stop at max_tokens: a reply cut by max_tokens (or, with
+                --max-tokens unset, by the end of the context) counts as invalid, whatever came back.
+  langchain     ChatOpenAI(base_url=...).bind_tools(tools, tool_choice="required") on a subset, temperature 0
+                (--langchain-temperature unset: ChatOpenAI's default, none sent); valid as above, read from
+                AIMessage.tool_calls (invalid_tool_calls must be empty).
   streaming     a subset asked through the openai client's stream helper (client.chat.completions.stream) at
                 temperature 0; its final completion must hold the non-streamed reply's calls (name and
                 arguments; ids are random) and finish_reason, and each call's arguments must have come in
@@ -255,8 +256,9 @@ def reply_problem(calls: list[tuple[str, str | dict]], finish: str | None, tools
 
 def request_body(tools: list[dict], message: str, choice: str, temperature: float | None, args) -> dict:
     """temperature None: no temperature and no seed sent, as a client that leaves sampling to the server."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": message}], "tools": tools,
-            "max_tokens": args.max_tokens}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": message}], "tools": tools}
+    if args.max_tokens is not None:
+        body["max_tokens"] = args.max_tokens
     if temperature is not None:
         body["temperature"] = temperature
     if temperature is not None and temperature > 0:
@@ -300,11 +302,13 @@ def ask_streamed(client: openai.OpenAI, body: dict) -> dict:
             "content": choice.message.content}
 
 
-def ask_langchain(base_url: str, tools: list[dict], message: str, max_tokens: int) -> dict:
+def ask_langchain(base_url: str, tools: list[dict], message: str, max_tokens: int | None,
+                  temperature: float | None) -> dict:
+    """None: ChatOpenAI's default, which sends no max_tokens / temperature."""
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=MODEL, base_url=base_url, api_key="unused", temperature=0, max_tokens=max_tokens,
-                     max_retries=0, timeout=600)
+    llm = ChatOpenAI(model=MODEL, base_url=base_url, api_key="unused", temperature=temperature,
+                     max_tokens=max_tokens, max_retries=0, timeout=600)
     reply = llm.bind_tools(tools, tool_choice="required").invoke(message)
     calls = [(c["name"], c["args"]) for c in reply.tool_calls]
     finish = reply.response_metadata.get("finish_reason")
@@ -406,11 +410,15 @@ def temperature_arg(text: str) -> float | None:
     return None if text == "unset" else float(text)
 
 
+def max_tokens_arg(text: str) -> int | None:
+    return None if text == "unset" else int(text)
+
+
 def langchain_calls(url: str, sets: list, args) -> list[dict]:
     def one(i: int) -> dict:
         tools, message = sets[i]
         try:
-            result = ask_langchain(url + "/v1", tools, message, args.max_tokens)
+            result = ask_langchain(url + "/v1", tools, message, args.max_tokens, args.langchain_temperature)
         except Exception as e:  # noqa: BLE001 - a client-side failure is a result here
             return {"set": i, "finish": "error", "calls": [], "problem": f"{type(e).__name__}: {str(e)[:80]}"}
         result["problem"] = ("invalid_tool_calls" if result["invalid"] else
@@ -452,7 +460,8 @@ def auto_calls(client: openai.OpenAI, sets: list, args) -> list[dict]:
 
 
 def mode_report(mode: str, args, sets: list, out: list[str], raw: dict) -> None:
-    flags = ["--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.concurrency), *MODES[mode]]
+    model_len = ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
+    flags = [*model_len, "--max-num-seqs", str(args.concurrency), *MODES[mode]]
     server, url = (None, args.url) if args.url else start_server(flags, args.timeout)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
@@ -462,7 +471,8 @@ def mode_report(mode: str, args, sets: list, out: list[str], raw: dict) -> None:
         raw[mode] = {"forced": forced}
         if args.langchain_sets:
             rows = langchain_calls(url, sets, args)
-            out.append(table(f"{mode}: LangChain bind_tools(tool_choice='required'), T=0",
+            label = temperature_label(args.langchain_temperature, None).split(" (")[0]
+            out.append(table(f"{mode}: LangChain bind_tools(tool_choice='required'), {label}",
                              {f"first {len(rows)} tool sets": rows}))
             raw[mode]["langchain"] = rows
         if args.stream_sets:
@@ -497,15 +507,18 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES)[:1])
     parser.add_argument("--tool-sets", type=int, default=len(TOOL_SETS), help="the first N tool sets")
     parser.add_argument("--langchain-sets", type=int, default=8, help="LangChain on the first N tool sets (0: off)")
+    parser.add_argument("--langchain-temperature", type=temperature_arg, default=0.0,
+                        help="LangChain's temperature; 'unset' leaves it to the server, as ChatOpenAI's default")
     parser.add_argument("--stream-sets", type=int, default=8, help="streaming on the first N tool sets (0: off)")
     parser.add_argument("--skip-auto", action="store_true", help="no tool_choice 'auto' run")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="ample: the longest reply that ended by "
-                        "itself in a trial ran to 577 tokens")
+    parser.add_argument("--max-tokens", type=max_tokens_arg, default=1024, help="ample: the longest reply that "
+                        "ended by itself in a trial ran to 577 tokens; 'unset' sends none, as a client that leaves "
+                        "it to the server (the rest of the context)")
     parser.add_argument("--seed", type=int, default=1234, help="the seed of the requests with a temperature > 0")
     parser.add_argument("--temperatures", type=temperature_arg, nargs="+", default=[0.0, 0.8],
                         help="the forced calls' temperatures; 'unset' sends neither temperature nor seed")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (also --max-num-seqs)")
-    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=2048, help="0: the model's own")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for the server to become healthy")
     parser.add_argument("--url", default=None, help="a running server (served as 'default', hermes parser) "
                         "instead of one started per mode: give one --modes, the one it runs")
