@@ -3,6 +3,7 @@ schemas xgrammar compiles), and its validity check says what a reply's problem i
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -58,3 +59,14 @@ def test_reply_problems():
                                 tools).startswith("schema: ")
     assert script.reply_problem([("get_weather", '{"city": "A"}')] * 2, "tool_calls", tools, single=True) \
         == "several calls with parallel_tool_calls=false"
+
+
+def test_unset_sampling_and_length_are_not_sent():
+    """'unset' leaves temperature, seed and max_tokens out of the request, as an unchanged client does."""
+    tools, message = script.TOOL_SETS[0]
+    unset = argparse.Namespace(max_tokens=script.max_tokens_arg("unset"), seed=7)
+    body = script.request_body(tools, message, "required", script.temperature_arg("unset"), unset)
+    assert not {"max_tokens", "temperature", "seed"} & set(body) and body["tool_choice"] == "required"
+    given = argparse.Namespace(max_tokens=script.max_tokens_arg("64"), seed=7)
+    body = script.request_body(tools, message, "required", script.temperature_arg("0.5"), given)
+    assert (body["max_tokens"], body["temperature"], body["seed"]) == (64, 0.5, 7)
