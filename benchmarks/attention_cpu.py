@@ -2,7 +2,7 @@
 
     python benchmarks/attention_cpu.py [--batch-sizes 1 8 32 64] [--contexts 128 512 2048 4096] [--dtype float32]
                                        [--backends reference cpu] [--prefill]
-                                       [--sliding-window W] [--logit-softcap C]
+                                       [--sliding-window W] [--logit-softcap C] [--cold]
 
 The attention shape is the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64), block size 16.
 `reference` is the jnp reference, `cpu` the C++ FFI kernel (cpu_kernel.cc); the backends of one shape run one
@@ -10,6 +10,10 @@ after the other on the same inputs. Prints a markdown table: median milliseconds
 model's 30 layers, and the KV bytes the call must read per second of its time (with a window: of the keys in
 it). `--prefill` times steps with
 prompt chunks instead (PREFILL_STEPS), one column per backend.
+
+By default every call reads the same layer, whose K/V then sit in the CPU's caches between calls when they fit
+(L2/L3). `--cold` gives the pool the model's 30 layers and has each call read the next one, as the model's forward
+does: each layer's K/V come from memory. A kernel change can win warm and not cold (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -45,33 +49,38 @@ PREFILL_STEPS = {
 }
 
 
-def time_decode(backend: str, batch: int, context: int, dtype, repeats: int, **options) -> tuple[float, int]:
+def time_decode(backend: str, batch: int, context: int, dtype, repeats: int, layers: int = 1,
+                **options) -> tuple[float, int]:
     """(median seconds per call, KV bytes read per call) for `batch` sequences of one query token each.
     options: sliding_window, logit_softcap."""
-    sec = time_step(backend, [(1, context)] * batch, dtype, repeats, **options)
+    sec = time_step(backend, [(1, context)] * batch, dtype, repeats, layers, **options)
     keys = min(context, options.get("sliding_window") or context)
     kv_bytes = 2 * batch * keys * LAYOUT["num_kv_heads"] * LAYOUT["head_dim"] * jnp.dtype(dtype).itemsize
     return sec, kv_bytes
 
 
-def time_step(backend: str, seqs: list[tuple[int, int]], dtype, repeats: int, **options) -> float:
-    """Median seconds of one layer's attention call over sequences of (q_len, context_len)."""
-    case = random_ragged_case(0, seqs, dtype=dtype, num_layers=1, **LAYOUT)
+def time_step(backend: str, seqs: list[tuple[int, int]], dtype, repeats: int, layers: int = 1,
+              **options) -> float:
+    """Median seconds of one layer's attention call over sequences of (q_len, context_len); the calls read the
+    pool's `layers` layers in turn."""
+    case = random_ragged_case(0, seqs, dtype=dtype, num_layers=layers, **LAYOUT)
     attend = jax.jit(functools.partial(BACKENDS[backend], sm_scale=LAYOUT["head_dim"] ** -0.5, **options))
-    jax.block_until_ready(attend(*case.args()))
+    layer_ids = [jnp.int32(i) for i in range(layers)]
+    jax.block_until_ready(attend(*case._replace(layer=layer_ids[0]).args()))
     times = []
-    for _ in range(repeats):
+    for call in range(repeats * layers):
+        args = case._replace(layer=layer_ids[call % layers]).args()
         start = time.perf_counter()
-        jax.block_until_ready(attend(*case.args()))
+        jax.block_until_ready(attend(*args))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def print_prefill(backends: list[str], dtype, repeats: int, **options) -> None:
+def print_prefill(backends: list[str], dtype, repeats: int, layers: int, **options) -> None:
     print("| step | " + " | ".join(f"{b}: ms / layer" for b in backends) + " |")
     print("|---|" + "---:|" * len(backends))
     for name, seqs in PREFILL_STEPS.items():
-        times = [time_step(backend, seqs, dtype, repeats, **options) * 1e3 for backend in backends]
+        times = [time_step(backend, seqs, dtype, repeats, layers, **options) * 1e3 for backend in backends]
         print(f"| {name} | " + " | ".join(f"{t:.2f}" for t in times) + " |", flush=True)
 
 
@@ -85,20 +94,25 @@ def main() -> None:
     parser.add_argument("--prefill", action="store_true", help="time steps with prompt chunks instead")
     parser.add_argument("--sliding-window", type=int, default=None, help="attend to each query's last W keys")
     parser.add_argument("--logit-softcap", type=float, default=None, help="soft-cap the attention scores")
+    parser.add_argument("--cold", action="store_true",
+                        help=f"a pool of {NUM_LAYERS} layers, read in turn: each call's K/V come from memory")
     args = parser.parse_args()
+    layers = NUM_LAYERS if args.cold else 1
     options = dict(sliding_window=args.sliding_window, logit_softcap=args.logit_softcap)
 
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs, {args.dtype}, "
-          f"sliding_window {args.sliding_window}, logit_softcap {args.logit_softcap}\n")
+          f"sliding_window {args.sliding_window}, logit_softcap {args.logit_softcap}, "
+          f"{'cold: each call reads the next of 30 layers' if args.cold else 'one layer'}\n")
     if args.prefill:
-        print_prefill(args.backends, jnp.dtype(args.dtype), args.repeats, **options)
+        print_prefill(args.backends, jnp.dtype(args.dtype), args.repeats, layers, **options)
         return
     print("| backend | batch | context | ms / layer | ms / step (30 layers) | KV read GB/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for batch in args.batch_sizes:
         for context in args.contexts:
             for backend in args.backends:
-                sec, kv_bytes = time_decode(backend, batch, context, jnp.dtype(args.dtype), args.repeats, **options)
+                sec, kv_bytes = time_decode(backend, batch, context, jnp.dtype(args.dtype), args.repeats, layers,
+                                            **options)
                 ms = sec * 1e3
                 print(f"| {backend} | {batch} | {context} | {ms:.3f} | {ms * NUM_LAYERS:.1f} | "
                       f"{kv_bytes / sec / 1e9:.2f} |", flush=True)
