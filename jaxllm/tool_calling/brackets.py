@@ -2,7 +2,7 @@
 since the last one).
 
     JsonEnd      a JSON object or array: brackets counted outside strings (escapes skipped)
-    PythonEnd    a Python list or call: brackets counted outside '...', "...", '''...''' and \"\"\"...\"\"\"
+    PythonEnd    a Python list or call: brackets counted outside '...', "...", '''...''', \"\"\"...\"\"\" and # comments
     PythonItemEnd  an item of a Python call's arguments: up to the "," or ")" after it, counted the same way
 
 The first point where the count returns to zero is the value's end when the value is well formed; whether it is,
@@ -16,8 +16,8 @@ import re
 _OPEN = "{[("
 _JSON_OUTSIDE = re.compile(r'["{}\[\]]')
 _JSON_INSIDE = re.compile(r'["\\]')
-_PYTHON_OUTSIDE = re.compile(r"""['"{}\[\]()]""")
-_PYTHON_ITEM_OUTSIDE = re.compile(r"""['"{}\[\](),]""")
+_PYTHON_OUTSIDE = re.compile(r"""['"{}\[\]()#]""")
+_PYTHON_ITEM_OUTSIDE = re.compile(r"""['"{}\[\](),#]""")
 _STRING_STOP = {"'": re.compile(r"[\\']"), '"': re.compile(r'[\\"]')}
 _MORE = -1  # the text ends too soon to go on
 
@@ -61,12 +61,16 @@ class PythonEnd:
     def __init__(self, start: int = 0):
         self._pos, self._depth = start, 0
         self._quote = ""  # the open string's delimiter: ', ", ''' or \"\"\" ("": none)
+        self._in_comment = False
 
     def find(self, text: str, final: bool) -> int | None:
         """The index just past the closing bracket, or None while it has not arrived (when `final`: it never
         will)."""
         while self._pos < len(text):
-            found = self._string_step(text, final) if self._quote else self._bracket_step(text, final)
+            if self._in_comment:
+                found = self._comment_step(text)
+            else:
+                found = self._string_step(text, final) if self._quote else self._bracket_step(text, final)
             if found == _MORE:
                 return None
             if found is not None:
@@ -74,13 +78,16 @@ class PythonEnd:
         return None
 
     def _bracket_step(self, text: str, final: bool) -> int | None:
-        """Reads up to the next bracket or quote: the end when it closes the expression, _MORE when the text ends
-        too soon to read a quote, None otherwise."""
+        """Reads up to the next bracket, quote or comment: the end when it closes the expression, _MORE when the
+        text ends too soon to read a quote, None otherwise."""
         match = self._outside.search(text, self._pos)
         if match is None:
             self._pos = len(text)
             return None
         char, at = match.group(), match.start()
+        if char == "#":  # a comment: brackets and quotes in it are text, up to the end of its line
+            self._pos, self._in_comment = at + 1, True
+            return None
         if char in "'\"":
             triple = starts_triple(text, at, char, final)
             if triple is None:
@@ -94,6 +101,12 @@ class PythonEnd:
             return at + 1 if self._depth == 1 else None
         self._depth += 1 if char in _OPEN else -1
         return at + 1 if self._depth == 0 else None
+
+    def _comment_step(self, text: str) -> None:
+        """Reads the open comment up to the end of its line."""
+        newline = text.find("\n", self._pos)
+        self._pos, self._in_comment = (len(text), True) if newline < 0 else (newline + 1, False)
+        return None
 
     def _string_step(self, text: str, final: bool) -> int | None:
         """Reads the open string up to its closing quote: _MORE when the text ends too soon to say whether it

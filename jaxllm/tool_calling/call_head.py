@@ -7,7 +7,9 @@ object's text, piece by piece, as the model writes it. The head is a short patte
 
     match_head(text, pattern, final) -> Head(name, arguments_at) | MORE | NO
 
-The name is a JSON string (STRING) or a Python identifier (IDENTIFIER: pythonic's calls, `[get_weather(`).
+The name is a JSON string (STRING) or a Python identifier (IDENTIFIER: pythonic's calls, `[get_weather(`). WS is
+whitespace; PY_SPACE what Python reads as nothing inside brackets: whitespace, `#` comments to the end of their
+line and backslash-newlines (python_space).
 MORE: the text is a proper beginning of the pattern (more text may complete it); NO: it is not (the caller reads
 the call whole instead, or as content). The answer depends on the text only, never on how it was split. Once a
 head matched, the call is a call: its arguments are the text of the object that opens at `arguments_at`, up to
@@ -27,6 +29,7 @@ from jaxllm.tool_calling.brackets import JsonEnd
 from jaxllm.tool_calling.stream import CallArguments, Step
 
 WS, STRING, IDENTIFIER = "<whitespace>", "<string>", "<identifier>"  # pattern parts; any other part is literal
+PY_SPACE = "<python space>"
 MORE, NO = "more", "no"                                                # text, or a tuple of choices
 _STRING_BODY = re.compile(r'(?:[^"\\]|\\.)*', re.DOTALL)
 _WORD = re.compile(r"\w*")
@@ -47,6 +50,11 @@ def match_head(text: str, pattern: list, final: bool) -> Head | str:
         if part == WS:
             pos += len(text) - pos - len(text[pos:].lstrip())
             continue
+        if part == PY_SPACE:
+            pos = python_space(text, pos, final)
+            if pos == MORE:
+                return MORE
+            continue
         if part in (STRING, IDENTIFIER):
             end = (_string_end if part == STRING else _identifier_end)(text, pos, final)
             if end in (MORE, NO):
@@ -60,6 +68,27 @@ def match_head(text: str, pattern: list, final: bool) -> Head | str:
     if not name:
         return NO
     return Head(name, pos - 1)
+
+
+def python_space(text: str, pos: int, final: bool) -> int | str:
+    """Where the whitespace, comments and backslash-newlines from text[pos] end (Python reads them as nothing
+    inside brackets); MORE when the text ends in a comment or right after a backslash and is not final (a comment
+    in a final text runs to its end)."""
+    while pos < len(text):
+        if text[pos].isspace():
+            pos += 1
+        elif text[pos] == "#":
+            newline = text.find("\n", pos)
+            if newline < 0:
+                return len(text) if final else MORE
+            pos = newline + 1
+        elif text[pos] == "\\" and text.startswith("\n", pos + 1):
+            pos += 2
+        elif text[pos] == "\\" and pos + 1 == len(text) and not final:
+            return MORE
+        else:
+            break
+    return pos
 
 
 def _literal(text: str, pos: int, choices: tuple[str, ...], final: bool) -> int | str:

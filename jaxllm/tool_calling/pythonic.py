@@ -5,6 +5,7 @@
 The list opens the output (after whitespace). Each call names a function and passes keyword arguments whose values
 are Python literals (strings, numbers, True / False / None, and lists, tuples and dicts of them with string keys),
 read with the ast module, never evaluated; the arguments are the JSON object of those values, in their order.
+Inside the list, `#` comments and backslash-newlines are space, as Python reads them.
 What follows the list is content, as is an output that does not open with "[".
 
 A call streams: once `[get_weather(` (or `, get_time(` after a call) is read it is a call, and its arguments come
@@ -23,13 +24,13 @@ import json
 from typing import Any
 
 from jaxllm.tool_calling.brackets import PythonEnd, PythonItemEnd
-from jaxllm.tool_calling.call_head import IDENTIFIER, MORE, NO, WS, Head, match_head
+from jaxllm.tool_calling.call_head import IDENTIFIER, MORE, NO, PY_SPACE, Head, match_head, python_space
 from jaxllm.tool_calling.markers import leading_space
 from jaxllm.tool_calling.stream import Call, CallArguments, CallStart, Content, Step, ToolParser
 
-FIRST_HEAD = ["[", WS, IDENTIFIER, WS, "("]
-NEXT_HEAD = [WS, ",", WS, IDENTIFIER, WS, "("]
-KEYWORD = [WS, IDENTIFIER, WS, "="]  # a keyword argument's name; its value follows the "="
+FIRST_HEAD = ["[", PY_SPACE, IDENTIFIER, PY_SPACE, "("]
+NEXT_HEAD = [PY_SPACE, ",", PY_SPACE, IDENTIFIER, PY_SPACE, "("]
+KEYWORD = [PY_SPACE, IDENTIFIER, PY_SPACE, "="]  # a keyword argument's name; its value follows the "="
 START, LIST, WHOLE, ARGUMENT, VALUE, AFTER_CALL, TEXT = ("start", "list", "whole", "argument", "value",
                                                          "after call", "text")
 _VALUE_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
@@ -92,7 +93,9 @@ class PythonicScanner:
 
     def _argument(self, unread: str, final: bool) -> Step | None:
         """Inside a streamed call, before an argument: the call's ")", or a keyword argument's `name=`."""
-        space = leading_space(unread)
+        space = python_space(unread, 0, final)
+        if space == MORE:
+            return None
         if space == len(unread):
             return self._broken(0) if final else None
         if unread[space] == ")":
@@ -126,8 +129,8 @@ class PythonicScanner:
     def _after_call(self, unread: str, final: bool) -> Step | None:
         """After a streamed call: `, name(` starts the next one; "]" (maybe after a ",") closes the list;
         anything else is content."""
-        space = leading_space(unread)
-        if space == len(unread) and not final:
+        space = python_space(unread, 0, final)
+        if space == MORE or (space == len(unread) and not final):
             return None
         if unread[space:space + 1] == "]":
             self._state = TEXT
@@ -137,10 +140,13 @@ class PythonicScanner:
             return None
         if head != NO:
             return self._call_start(head)
-        after_comma = space + 1 + leading_space(unread[space + 1:])
-        if unread[space:space + 1] == "," and unread[after_comma:after_comma + 1] == "]":
-            self._state = TEXT
-            return after_comma + 1, []
+        if unread[space:space + 1] == ",":  # a trailing comma before the "]"
+            after_comma = python_space(unread, space + 1, final)
+            if after_comma == MORE:
+                return None
+            if unread[after_comma:after_comma + 1] == "]":
+                self._state = TEXT
+                return after_comma + 1, []
         self._state = TEXT
         return 0, []
 

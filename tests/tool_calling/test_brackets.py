@@ -61,6 +61,38 @@ def test_python_end(seed):
         assert find_in_pieces(PythonEnd(), text, rng, final_arg=True) == len(literal), text
 
 
+def with_comments(literal: str, rng: random.Random) -> str:
+    """literal with `# ...` comments (holding brackets and quotes) after some of its commas and opening brackets
+    outside its strings, each to the end of its line: the same value to Python."""
+    out, quote, at = [], "", 0
+    while at < len(literal):
+        char = literal[at]
+        out.append(char)
+        if quote:
+            if char == "\\":
+                out.append(literal[at + 1])
+                at += 1
+            elif char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in ",[({" and rng.random() < 0.5:
+            comment = rng.choice(STRINGS).replace("\n", "") + rng.choice(["]", ")", "'", '"', "#", ""])
+            out.append("  # " + comment + "\n")
+        at += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_python_end_skips_comments(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        literal = with_comments(repr([random_value(rng)]), rng)
+        text = literal + rng.choice(["", " tail", ")]", "'", "  # ]"])
+        assert eval(literal) is not None  # the commented literal is valid Python
+        assert find_in_pieces(PythonEnd(), text, rng, final_arg=True) == len(literal), text
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_python_item_end(seed):
     """An item (a value standing in a call's arguments) ends just past the "," or ")" that follows it."""
@@ -78,7 +110,15 @@ def test_item_ends_at_a_closing_bracket_of_any_kind():
     assert PythonItemEnd().find("(1, 2", True) is None
 
 
+def test_comments_end_at_their_line():
+    assert PythonEnd().find("[f(a=1)  # ] it's\n]", True) == 19
+    assert PythonEnd().find("[f(a='#]')]", True) == 11  # in a string, # is text
+    assert PythonEnd().find("[f(a=1)  # ]", False) is None  # the comment's line has not ended
+    assert PythonItemEnd().find("1  # (a, b)\n, c=2)", True) == 13
+
+
 def test_ends_that_never_come():
     assert JsonEnd().find('{"a": "}') is None
     assert PythonEnd().find("[f(a='''x]''')", True) is None
     assert PythonEnd().find("[f(a='x\\", True) is None
+    assert PythonEnd().find("[f(a=1)  # ]", True) is None

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from jaxllm.tool_calling import ContentDelta, ToolCallDelta, get_tool_parser
+from jaxllm.tool_calling.call_head import MORE, python_space
 from jaxllm.tool_calling.pythonic import parse_calls
 from tests.tool_calling.helpers import check_streams_as_extracted, random_pieces, without_ids
 from tests.tool_calling.test_brackets import random_value
@@ -162,3 +163,15 @@ def test_a_list_nested_too_deep_for_the_parser_is_content(value):
     assert parse_calls(text) is None
     assert get_tool_parser("pythonic").extract(text).content == text
     check_streams_as_extracted("pythonic", text, [text])
+
+
+def test_python_space_waits_for_a_comment_s_line_to_end():
+    """Between a pythonic list's items, comments and backslash-newlines are space (as Python reads them); a text
+    that ends inside a comment, or just after a backslash, says nothing yet unless it is final."""
+    assert python_space("  # x ]\n  b", 0, False) == 10
+    assert python_space("  # x ]", 0, False) == MORE
+    assert python_space("  # x ]", 0, True) == 7
+    assert python_space(" \\\n b", 0, False) == 4
+    assert python_space(" \\", 0, False) == MORE
+    assert python_space(" \\", 0, True) == 1
+    assert python_space(" \\x", 0, False) == 1

@@ -124,6 +124,11 @@ PYTHONIC = [
     ("[write(text='''two\nlines with ] and ' inside''', path=\"a)b\")]", None,
      [("write", dumps({"text": "two\nlines with ] and ' inside", "path": "a)b"}))]),
     ("  [now()]\n\nCalling it now.", "Calling it now.", [("now", "{}")]),
+    ("[search(q='x', tags=['a',  # the user's ] tag (\n    'b'])]", None,
+     [("search", '{"q": "x", "tags": ["a", "b"]}')]),
+    ("[get_weather(city='Paris'),  # the user's city ] (\n  get_time(  # now \"\n    tz='UTC',  # ) zone\n  ),"
+     "  # trailing ]\n]", None, [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "UTC"}')]),
+    ("[f(a=1, \\\n  b=2), \\\ng()]", None, [("f", '{"a": 1, "b": 2}'), ("g", "{}")]),
     ("[\n  search(q='a, b (c) [d] {e}', n=-2.5e3),\n  log(msg=\"say \\\"hi\\\" it's\", extra=None,),\n]", None,
      [("search", '{"q": "a, b (c) [d] {e}", "n": -2500.0}'), ("log", dumps({"msg": 'say "hi" it\'s', "extra": None}))]),
     ("[f(a='x\\'y\\\\', b=r'\\d+', c=(1, [2, {'k': ('v',)}]), d=\"é\" 'à', e=False)]", None,
