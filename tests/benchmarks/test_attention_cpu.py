@@ -3,21 +3,11 @@ model's forward); the default reads one layer."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_cpu.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("attention_cpu_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.scripts import load_script
 
 
 def _layers_read(module, layers: int, repeats: int) -> list[tuple[int, int]]:
@@ -36,20 +26,20 @@ def _layers_read(module, layers: int, repeats: int) -> list[tuple[int, int]]:
 
 
 def test_cold_reads_every_layer_in_turn():
-    module = _load_script()
+    module = load_script("attention_cpu")
     calls = _layers_read(module, layers=4, repeats=2)  # the first call compiles, untimed
     assert [layer for layer, _ in calls] == [0, 0, 1, 2, 3, 0, 1, 2, 3]
     assert {pool for _, pool in calls} == {4}
 
 
 def test_warm_reads_one_layer():
-    module = _load_script()
+    module = load_script("attention_cpu")
     calls = _layers_read(module, layers=1, repeats=3)
     assert calls == [(0, 1)] * 4
 
 
 def test_the_cold_flag_runs_the_model_s_layers(capsys, monkeypatch):
-    module = _load_script()
+    module = load_script("attention_cpu")
     monkeypatch.setattr(sys, "argv", ["attention_cpu.py", "--batch-sizes", "1", "--contexts", "16",
                                       "--backends", "reference", "--repeats", "1", "--cold"])
     module.main()

@@ -3,30 +3,17 @@ what its tables read (the figures themselves come from the default model: benchm
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from jaxllm.llm import LLM
+from tests.benchmarks.scripts import load_script
 
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "structured.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("structured_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_cases_cover_the_constraint_kinds_and_each_check_accepts_and_rejects():
-    script = _load_script()
+    script = load_script("structured")
     cases = script.cases()
     kinds = {kind: sum(c.kind == kind for c in cases) for kind in ("json", "json_object", "regex", "choice", "grammar")}
     assert kinds["json"] >= 30 and min(kinds.values()) >= 2
@@ -42,7 +29,7 @@ def test_cases_cover_the_constraint_kinds_and_each_check_accepts_and_rejects():
 
 @pytest.mark.slow
 def test_script_parts_on_a_tiny_model(tiny_model_with_tokenizer):
-    script = _load_script()
+    script = load_script("structured")
     args = script.build_parser().parse_args(["--cases", "1", "--max-tokens", "96", "--compile-schemas", "2",
                                              "--batch", "3", "--records", "1", "--passes", "1"])
     llm = LLM(str(tiny_model_with_tokenizer), max_model_len=512, max_num_seqs=4, max_num_batched_tokens=256)

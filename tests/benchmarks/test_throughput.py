@@ -5,11 +5,9 @@ presets."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import re
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,22 +17,14 @@ from jaxllm.benchmarks.datasets import length_range, random_requests
 from jaxllm.benchmarks.model_presets import MODEL_PRESETS, model_preset
 from jaxllm.entrypoints.cli import build_parser, main
 from jaxllm.model.params import abstract_params
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("throughput_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.scripts import load_script
 
 
 @pytest.mark.slow
 def test_throughput_script_tiny_random_weights(tmp_path):
     out = tmp_path / "result.json"
-    _load_script().main(["--random-weights", "--config", "tiny", "--num-prompts", "6", "--input-len", "8",
-                         "--output-len", "4", "--output-json", str(out)])
+    load_script("throughput").main(["--random-weights", "--config", "tiny", "--num-prompts", "6", "--input-len",
+                                    "8", "--output-len", "4", "--output-json", str(out)])
     report = json.loads(out.read_text())
     assert report["num_requests"] == 6
     assert report["total_prompt_tokens"] == 6 * 8 and report["total_output_tokens"] == 6 * 4
@@ -49,7 +39,7 @@ def test_throughput_script_tiny_random_weights(tmp_path):
 
 
 def test_script_rejects_inconsistent_flags(capsys):
-    script = _load_script()
+    script = load_script("throughput")
     for argv, message in ((["--random-weights"], "go together"), (["--config", "tiny"], "go together"),
                           (["--model", "x", "--random-weights", "--config", "tiny"], "exclude each other"),
                           (["--dataset-name", "sonnet"], "'sonnet' is not available")):

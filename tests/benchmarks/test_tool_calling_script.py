@@ -4,27 +4,17 @@ schemas xgrammar compiles), and its validity check says what a reply's problem i
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
 
 from jaxllm.tool_calling.forced import named_schema, required_schema
 from jaxllm.tool_calling.tools import validate_tools
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tool_calling.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("tool_calling_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.scripts import load_script
 
 
-script = _load_script()
+script = load_script("tool_calling")
 
 
 def test_tool_sets_are_varied_and_accepted():
