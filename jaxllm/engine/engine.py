@@ -155,7 +155,6 @@ class LLMEngine:
         params = params or SamplingParams()
         if lora_request is None and isinstance(prompt, dict):
             lora_request = prompt.get("lora_request")
-        lora_int_id = self._register_lora(lora_request, lora_arrays)
         if output_kind not in OUTPUT_KINDS:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         if request_id in self.processor.parents:
@@ -171,6 +170,7 @@ class LLMEngine:
             params.update_from_tokenizer(self.tokenizer)
         params.validate_for_vocab(self.model_config.vocab_size)
         compiled = self._compile_grammar(params)
+        lora_int_id = self._register_lora(lora_request, lora_arrays)  # last: a refused request reads no adapter
         arrival = time.monotonic() if arrival_time is None else arrival_time
         num_sequences = params.num_sequences  # best_of when it exceeds n: the n best are returned
         children = [Request(request_id if num_sequences == 1 else f"{i}_{request_id}", token_ids,

@@ -173,6 +173,25 @@ def test_a_refused_adapter_fails_only_its_request(tiny_model_dir, adapter_copy, 
         llm.generate({"prompt_token_ids": [1, 2, 3]}, params, use_tqdm=False, lora_request=good)
 
 
+def test_a_request_refused_for_itself_reads_no_adapter(tiny_model_dir, adapter_copy):
+    """The request's own fields are checked before its adapter's files are read: the refusal names the field, and
+    the adapter is not registered."""
+    directory, _ = tiny_model_dir("llama3")
+    llm = LLM(str(directory), enable_lora=True, max_loras=2, max_lora_rank=MAX_RANK, skip_tokenizer=True,
+              max_model_len=64, max_num_seqs=4)
+    edit_config(adapter_copy, use_dora=True)  # refused if read
+    lora = LoRARequest("unread", 7, str(adapter_copy))
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    for prompt, kwargs, message in [([1, 2, 3], dict(priority=1), "priority 1 needs priority scheduling"),
+                                    ([1, 2, 10_000_000], {}, "out of vocabulary|vocab"),
+                                    ([1, 2, 3], dict(output_kind="bad"), "output_kind must be one of")]:
+        with pytest.raises(ValueError, match=message):
+            llm.engine.add_request("r", prompt, params, lora_request=lora, **kwargs)
+    assert llm.engine.list_loras() == [] and 7 not in llm.engine.lora.registered
+    with pytest.raises(ValueError, match="DoRA"):  # a request with nothing else wrong reads it
+        llm.engine.add_request("r", [1, 2, 3], params, lora_request=lora)
+
+
 @pytest.mark.slow
 def test_an_adapter_removed_while_in_use_serves_its_running_requests_to_the_end(tiny_model_dir, peft_adapter):
     from tests.lora.adapters import hf_greedy
