@@ -15,6 +15,8 @@
                                            (XLA's own dot) on a GPU
     argmax       cpu, reference            cpu on CPU where it builds (the sampler's argmax over the vocabulary:
                                            XLA:CPU does not vectorize jnp.argmax); else reference
+    silu_and_mul cpu, reference            cpu on CPU where it builds (the gated MLP's bfloat16 SiLU and product:
+                                           XLA:CPU's exp costs ~1 ns an element); else reference
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -31,6 +33,7 @@ import jax
 from pallas_kernels.argmax.cpu import argmax_kernel_error
 from pallas_kernels.paged_attention.cpu_kernel import cpu_kernel_error
 from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv_error
+from pallas_kernels.silu_and_mul.cpu import silu_and_mul_error
 from pallas_kernels.skinny_matmul.cpu import skinny_kernel_error
 
 logger = logging.getLogger(__name__)
@@ -38,7 +41,7 @@ logger = logging.getLogger(__name__)
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
            "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows", "native"),
-           "argmax": ("cpu", "reference")}
+           "argmax": ("cpu", "reference"), "silu_and_mul": ("cpu", "reference")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Kernels:
     moe: str = "reference"
     matvec16: str = "direct"
     argmax: str = "reference"
+    silu_and_mul: str = "reference"
     interpret: bool = False  # Pallas kernels run in interpret mode (no GPU)
 
     def __post_init__(self):
@@ -72,7 +76,8 @@ def select_kernels(attention: str = "auto", awq_matmul: str = "auto", lora_matmu
     return Kernels(attention=resolve_attention(attention),
                    awq_matmul=_pallas_on_gpu(awq_matmul, gpu), lora_matmul=_pallas_on_gpu(lora_matmul, gpu),
                    kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu),
-                   matvec16=_resolve_matvec16(gpu), argmax=_resolve_argmax(gpu), interpret=not gpu)
+                   matvec16=_resolve_matvec16(gpu), argmax=_resolve_argmax(gpu),
+                   silu_and_mul=_resolve_silu_and_mul(gpu), interpret=not gpu)
 
 
 def resolve_attention(name: str) -> str:
@@ -120,6 +125,10 @@ def _resolve_matvec16(gpu: bool) -> str:
 
 def _resolve_argmax(gpu: bool) -> str:
     return "cpu" if not gpu and argmax_kernel_error() is None else "reference"
+
+
+def _resolve_silu_and_mul(gpu: bool) -> str:
+    return "cpu" if not gpu and silu_and_mul_error() is None else "reference"
 
 
 def _cpu_or_reference() -> str:

@@ -34,8 +34,10 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
     monkeypatch.setattr(kernels, "cpu_write_kv_error", lambda: None)
     monkeypatch.setattr(kernels, "skinny_kernel_error", lambda: None)
     monkeypatch.setattr(kernels, "argmax_kernel_error", lambda: None)
+    monkeypatch.setattr(kernels, "silu_and_mul_error", lambda: None)
     assert select_kernels() == Kernels(attention="cpu", awq_matmul="reference", lora_matmul="reference",
-                                       kv_write="cpu", moe="cpu", matvec16="native", argmax="cpu", interpret=True)
+                                       kv_write="cpu", moe="cpu", matvec16="native", argmax="cpu",
+                                       silu_and_mul="cpu", interpret=True)
 
 
 @ON_CPU
@@ -48,6 +50,12 @@ def test_without_the_skinny_kernel_cpu_dots_take_two_rows(monkeypatch):
 def test_without_the_argmax_kernel_the_sampler_takes_jnp_argmax(monkeypatch):
     monkeypatch.setattr(kernels, "argmax_kernel_error", lambda: "no compiler")
     assert select_kernels().argmax == "reference"
+
+
+@ON_CPU
+def test_without_the_silu_and_mul_kernel_the_mlp_takes_jnp(monkeypatch):
+    monkeypatch.setattr(kernels, "silu_and_mul_error", lambda: "no compiler")
+    assert select_kernels().silu_and_mul == "reference"
 
 
 def test_auto_on_a_gpu_is_pallas_everywhere(monkeypatch):
