@@ -28,6 +28,7 @@
 #endif
 
 #include "xla/ffi/api/ffi.h"
+#include "exp16.h"
 #include "parallel_for.h"
 
 namespace ffi = xla::ffi;
@@ -171,19 +172,8 @@ inline __m512 SumEach(const __m512 (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, kEven), _mm512_shuffle_f32x4(lo, hi, kOdd));
 }
 
-// ExpInPlace's polynomial on 16 lanes (x <= 0).
-inline __m512 Exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693359375f), x);
-  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, k);
-}
+// ExpInPlace's polynomial on 16 lanes (x <= 0): exp16.h's.
+inline __m512 Exp16(__m512 x) { return jaxllm::Exp16(x, -87.0f, 0.0f); }
 
 // Scores of one scaled query vector (kD / 16 registers) against the 16 keys of a [16, kD] block.
 template <int64_t kD>

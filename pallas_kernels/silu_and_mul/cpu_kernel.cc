@@ -7,7 +7,7 @@
 //   the model's bfloat16 projection output, activation and product, each rounded once.
 //
 // XLA:CPU's exp costs ~1 ns an element on the 2-core machines (the bfloat16 SiLU and product of a batch-64
-// decode step's [64, 1536] gate: ~145 us; benchmarks/RESULTS.md). Here 16 lanes at a time: exp as 2^k p(r) with
+// decode step's [64, 1536] gate: ~145 us; benchmarks/RESULTS.md). Here 16 lanes at a time: exp16.h's 2^k p(r) with
 // a degree-7 polynomial (within 1e-7 relative, as the C library's), the division exact, round to nearest even.
 // Rows run on XLA's intra-op thread pool and the calling thread.
 
@@ -15,8 +15,11 @@
 #include <cstdint>
 #include <cstring>
 
+#ifdef __AVX512F__
 #include <immintrin.h>
+#endif
 
+#include "exp16.h"
 #include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -27,21 +30,6 @@ namespace {
 constexpr int64_t kMinItemElements = 1 << 14;  // output elements of one work item at least
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-
-// exp(x) on 16 lanes: x clamped to [-87.3, 89] (below, exp is a denormal that 1 + exp(x) does not see; above
-// 88.73 it overflows to inf through the scale by 2^k, as float32's exp does).
-inline __m512 Exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(89.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693359375f), x);
-  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, k);
-}
 
 inline __m512 RoundBf16(__m512 x) {  // x rounded to bfloat16, as float32
   const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
@@ -54,7 +42,8 @@ void Row(const float* gate, const float* up, uint16_t* out, int64_t F) {
     const __m512 g = RoundBf16(_mm512_maskz_loadu_ps(valid, gate + i));
     const __m512 u = RoundBf16(_mm512_maskz_loadu_ps(valid, up + i));
     const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 sigmoid = _mm512_div_ps(one, _mm512_add_ps(one, Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    const __m512 exp_minus_g = jaxllm::Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g), -87.3f, 89.0f);
+    const __m512 sigmoid = _mm512_div_ps(one, _mm512_add_ps(one, exp_minus_g));
     const __m512 silu = _mm512_mul_ps(g, sigmoid);
     const __m256i product = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(RoundBf16(silu), u)));
     _mm256_mask_storeu_epi16(out + i, valid, product);
