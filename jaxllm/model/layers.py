@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -35,6 +36,11 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -
     return weight * x32.astype(x.dtype)
 
 
+# The fewest rows the native SiLU kernel takes: below, its call costs more than XLA's fused op saves (batch-1 decode
+# 15% slower with it; 64 rows the same; a 512-token prefill step 6% faster: benchmarks/RESULTS.md).
+SILU_KERNEL_MIN_ROWS = 128
+
+
 def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
               activation: str = "silu") -> jax.Array:
     """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu_tanh); x [T, H], w_gate_up [2F, H] (gate rows,
@@ -42,7 +48,8 @@ def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFE
     float32 (as torch's kernels do): jnp ops on 16-bit arrays would round after every primitive of the activation,
     which costs a conversion pair each on CPU and drifts further from the checkpoint's own arithmetic."""
     gate_up = weights.dot(x, w_gate_up, kernels)  # [T, 2F] float32
-    if kernels.silu_and_mul == "cpu" and activation == "silu" and x.dtype == jnp.bfloat16:
+    if (kernels.silu_and_mul == "cpu" and activation == "silu" and x.dtype == jnp.bfloat16
+            and math.prod(x.shape[:-1]) >= SILU_KERNEL_MIN_ROWS):
         hidden = silu_and_mul_cpu(gate_up)  # [T, F]: the reference's roundings, exp at a tenth of XLA:CPU's cost
     else:
         hidden = gated_activation_reference(gate_up.astype(x.dtype), activation)  # [T, F]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxllm.model.kernels import REFERENCE
-from jaxllm.model.layers import gated_mlp
+from jaxllm.model.layers import SILU_KERNEL_MIN_ROWS, gated_mlp
 from pallas_kernels.silu_and_mul.cpu import silu_and_mul_cpu, silu_and_mul_error
 from pallas_kernels.silu_and_mul.reference import gated_activation_reference
 
@@ -73,9 +73,11 @@ def test_only_float32_gate_up_of_even_width_is_taken():
 
 
 @needs_build
-def test_the_gated_mlp_with_the_kernel_is_the_mlp_without():
+@pytest.mark.parametrize("rows", [SILU_KERNEL_MIN_ROWS, SILU_KERNEL_MIN_ROWS - 1])
+def test_the_gated_mlp_with_the_kernel_is_the_mlp_without(rows):
+    """From SILU_KERNEL_MIN_ROWS rows the kernel runs (fewer: XLA's fused op, cheaper there); either way the same."""
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((9, 64)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.bfloat16)
     w_gate_up = jnp.asarray(rng.standard_normal((2 * 96, 64)) * 0.2, jnp.bfloat16)
     w_down = jnp.asarray(rng.standard_normal((64, 96)) * 0.2, jnp.bfloat16)
     native = dataclasses.replace(REFERENCE, silu_and_mul="cpu")
@@ -83,4 +85,4 @@ def test_the_gated_mlp_with_the_kernel_is_the_mlp_without():
     got = jax.jit(lambda *a: gated_mlp(*a, native))(x, w_gate_up, w_down)
     np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
     hlo = jax.jit(lambda *a: gated_mlp(*a, native)).lower(x, w_gate_up, w_down).as_text()
-    assert "jaxllm_silu_and_mul" in hlo  # the kernel ran, not the jnp path
+    assert ("jaxllm_silu_and_mul" in hlo) == (rows >= SILU_KERNEL_MIN_ROWS)
