@@ -15,8 +15,9 @@
                                            (XLA's own dot) on a GPU
     argmax       cpu, reference            cpu on CPU where it builds (the sampler's argmax over the vocabulary:
                                            XLA:CPU does not vectorize jnp.argmax); else reference
-    silu_and_mul cpu, reference            cpu on CPU where it builds (the gated MLP's bfloat16 SiLU and product:
-                                           XLA:CPU's exp costs ~1 ns an element); else reference
+    silu_and_mul cpu, reference            cpu on CPU where it builds (the gated MLP's bfloat16 SiLU and product
+                                           from 128 rows, layers.py: XLA:CPU's exp costs ~1 ns an element); else
+                                           reference
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
