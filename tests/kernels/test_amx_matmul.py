@@ -1,0 +1,91 @@
+"""Weights stored as AMX tiles (pallas_kernels/amx_matmul): the layout and its jnp contract on any machine, the
+native AMX kernel against exact sums where the CPU has AMX-BF16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.amx_matmul.cpu import amx_matmul_error, tiled_matmul_cpu
+from pallas_kernels.amx_matmul.reference import pack_tiles, tiled_dot, tiled_rows, unpack_tiles
+
+
+def _cpu_has_amx() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return jax.default_backend() == "cpu" and "amx_bf16" in flags.split()
+
+
+needs_amx = pytest.mark.skipif(not _cpu_has_amx(), reason="the CPU has no AMX-BF16")
+
+
+def _bf16(rng: np.random.Generator, *shape) -> np.ndarray:
+    return np.asarray(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16))
+
+
+def test_pack_and_unpack_are_inverse_on_the_host_and_the_device():
+    w = _bf16(np.random.default_rng(0), 96, 64)
+    tiles = pack_tiles(w)
+    assert tiles.shape == (3, 2, 2, 16, 32) and tiles.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(tiles[1, 1, 1, 5], w[32 + 16 + 5, 32:64])  # the block 1, step 1, half 1, row 5
+    np.testing.assert_array_equal(unpack_tiles(tiles), w)
+    np.testing.assert_array_equal(np.asarray(pack_tiles(jnp.asarray(w))), tiles)
+
+
+def test_pack_refuses_sides_that_are_not_multiples_of_the_tile():
+    with pytest.raises(ValueError, match=r"multiples of 32; got \[48, 64\]"):
+        pack_tiles(np.zeros((48, 64), np.float32))
+
+
+def test_rows_and_dot_of_the_tiles_are_the_dense_weights():
+    rng = np.random.default_rng(1)
+    w = _bf16(rng, 128, 96)
+    tiles = jnp.asarray(pack_tiles(w))
+    index = jnp.asarray(rng.integers(0, 128, (2, 5)))
+    np.testing.assert_array_equal(np.asarray(tiled_rows(tiles, index)), w[np.asarray(index)])
+    x = jnp.asarray(_bf16(rng, 7, 96))
+    want = jax.lax.dot_general(x, jnp.asarray(w), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(tiled_dot)(x, tiles)), np.asarray(jax.jit(lambda: want)()))
+
+
+@needs_amx
+def test_the_kernel_builds_where_the_cpu_has_amx():
+    assert amx_matmul_error() is None
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n,k", [(1, 32, 32), (2, 96, 64), (15, 64, 576), (16, 64, 576), (17, 160, 96),
+                                   (32, 64, 64), (33, 3072, 576), (64, 576, 1536), (300, 96, 128)])
+def test_the_kernel_is_the_exact_sum_up_to_its_order(m, n, k):
+    """Products of bfloat16 are exact in float32; only the summation order may differ from an exact sum."""
+    rng = np.random.default_rng(m * 1000 + n + k)
+    x, w = _bf16(rng, m, k), _bf16(rng, n, k)
+    got = np.asarray(jax.jit(tiled_matmul_cpu)(jnp.asarray(x), jnp.asarray(pack_tiles(w))))
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = 2 * k * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T)
+    assert got.shape == (m, n) and got.dtype == np.float32
+    assert np.all(np.abs(got - exact) <= bound + 1e-30)
+    assert np.all(got != 0)  # every row and column written (the random sums are never exactly zero)
+
+
+@needs_amx
+def test_leading_axes_and_the_reference_agree():
+    rng = np.random.default_rng(2)
+    x, w = jnp.asarray(_bf16(rng, 2, 3, 64)), _bf16(rng, 64, 64)
+    tiles = jnp.asarray(pack_tiles(w))
+    got = jax.jit(tiled_matmul_cpu)(x, tiles)
+    assert got.shape == (2, 3, 64)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(tiled_dot)(x, tiles)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_refuses_other_operands_by_their_shapes():
+    tiles = jnp.zeros((2, 2, 2, 16, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"bfloat16 x \[\.\.\., K\].*got x float32\[4, 64\]"):
+        tiled_matmul_cpu(jnp.zeros((4, 64), jnp.float32), tiles)
+    with pytest.raises(ValueError, match=r"got x bfloat16\[4, 96\]"):
+        tiled_matmul_cpu(jnp.zeros((4, 96), jnp.bfloat16), tiles)
+    with pytest.raises(ValueError, match=r"tiles bfloat16\[64, 64\]"):
+        tiled_matmul_cpu(jnp.zeros((4, 64), jnp.bfloat16), jnp.zeros((64, 64), jnp.bfloat16))
