@@ -18,6 +18,9 @@
     silu_and_mul cpu, reference            cpu on CPU where it builds (the gated MLP's bfloat16 SiLU and product
                                            from 128 rows, layers.py: XLA:CPU's exp costs ~1 ns an element); else
                                            reference
+    amx_matmul   cpu, reference            cpu on a CPU with AMX-BF16 where it builds (a bfloat16 LM head on one
+                                           device is stored as AMX tiles and its dot runs the AMX kernel:
+                                           model/lm_head.py); else reference (the head stays dense)
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -31,6 +34,7 @@ import logging
 
 import jax
 
+from pallas_kernels.amx_matmul.cpu import amx_matmul_error
 from pallas_kernels.argmax.cpu import argmax_kernel_error
 from pallas_kernels.paged_attention.cpu_kernel import cpu_kernel_error
 from pallas_kernels.paged_attention.cpu_kv_write import cpu_write_kv_error
@@ -42,7 +46,8 @@ logger = logging.getLogger(__name__)
 CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas", "reference"),
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
            "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows", "native"),
-           "argmax": ("cpu", "reference"), "silu_and_mul": ("cpu", "reference")}
+           "argmax": ("cpu", "reference"), "silu_and_mul": ("cpu", "reference"),
+           "amx_matmul": ("cpu", "reference")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Kernels:
     matvec16: str = "direct"
     argmax: str = "reference"
     silu_and_mul: str = "reference"
+    amx_matmul: str = "reference"
     interpret: bool = False  # Pallas kernels run in interpret mode (no GPU)
 
     def __post_init__(self):
@@ -78,7 +84,8 @@ def select_kernels(attention: str = "auto", awq_matmul: str = "auto", lora_matmu
                    awq_matmul=_pallas_on_gpu(awq_matmul, gpu), lora_matmul=_pallas_on_gpu(lora_matmul, gpu),
                    kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu),
                    matvec16=_resolve_matvec16(gpu), argmax=_resolve_argmax(gpu),
-                   silu_and_mul=_resolve_silu_and_mul(gpu), interpret=not gpu)
+                   silu_and_mul=_resolve_silu_and_mul(gpu), amx_matmul=_resolve_amx_matmul(gpu),
+                   interpret=not gpu)
 
 
 def resolve_attention(name: str) -> str:
@@ -130,6 +137,10 @@ def _resolve_argmax(gpu: bool) -> str:
 
 def _resolve_silu_and_mul(gpu: bool) -> str:
     return "cpu" if not gpu and silu_and_mul_error() is None else "reference"
+
+
+def _resolve_amx_matmul(gpu: bool) -> str:
+    return "cpu" if not gpu and amx_matmul_error() is None else "reference"
 
 
 def _cpu_or_reference() -> str:

@@ -48,7 +48,7 @@ def device_forward_hidden(
     names the implementation of attention, the KV write and the weight formats' matmuls (kernels.py).
     `first_expert`: the global id of this device's first expert (expert parallelism; 0 otherwise).
     """
-    x = params.embed[batch.token_ids]  # [T, H]
+    x = weights.embedding_rows(params.embed, batch.token_ids)  # [T, H]
     if config.arch.embed_scale:  # Gemma: times sqrt(H), the factor rounded to the activations' dtype as HF does
         x = x * jnp.asarray(math.sqrt(config.hidden_size), x.dtype)
     kinds = [layer_kind(config, i) for i in range(config.num_layers)]

@@ -17,6 +17,9 @@ A format answers these questions, and the module functions below ask them of den
 
 `stack(ws)` stacks weights of one format on a new leading axis of every leaf (a MoE layer's [E, ...] expert
 stacks): valid for a format whose methods read its leaves from the last axes, as AWQWeight's do.
+
+`TiledWeight` (below) is a dense bfloat16 weight stored as AMX tiles, for the AMX kernel: the LM head takes it on
+a CPU with AMX (model/lm_head.py), where a tied head also serves the embedding lookup (`embedding_rows`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from flax import struct
 
 from jaxllm.model.host_arrays import aligned_concatenate
 from jaxllm.model.kernels import REFERENCE, Kernels
+from pallas_kernels.amx_matmul.cpu import tiled_matmul_cpu
+from pallas_kernels.amx_matmul.reference import tiled_dot, tiled_rows
 from pallas_kernels.skinny_matmul.cpu import skinny_matmul, skinny_supports
 
 Axes = tuple  # logical axis names of one array, e.g. ("layers", "heads", "embed")
@@ -60,6 +65,39 @@ class WeightFormat(struct.PyTreeNode):
     def shape(self) -> tuple[int, ...]:
         """The shape of the dense weight this stands for, [..., N, K]."""
         raise NotImplementedError(f"{type(self).__name__}.shape")
+
+
+class TiledWeight(WeightFormat):
+    """A dense bfloat16 weight W [N, K] stored as AMX tiles, `tiles` [N/32, K/32, 2, 16, 32]
+    (pallas_kernels/amx_matmul: a block of 32 rows is one contiguous run in the order the kernel reads it). Its
+    dot runs the AMX kernel where Kernels.amx_matmul is "cpu", else the jnp contract (the tiles laid back out)."""
+    tiles: jax.Array
+
+    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
+        if kernels.amx_matmul == "cpu" and x.dtype == jnp.bfloat16:
+            return tiled_matmul_cpu(x, self.tiles)
+        return tiled_dot(x, self.tiles)
+
+    def leaf_axes(self, axes: Axes) -> TiledWeight:
+        rows, columns = axes  # the dense W [N, K]: the tiles are [N/32, K/32, 2, 16, 32]
+        return TiledWeight(tiles=(rows, columns, "tile_half", "tile_row", "tile_column"))
+
+    def rows(self, index: jax.Array) -> jax.Array:
+        """W[index] [..., K]: an embedding lookup of a tied head."""
+        return tiled_rows(self.tiles, index)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tiles.shape[0] * 32, self.tiles.shape[1] * 32
+
+    @property
+    def dtype(self):
+        return self.tiles.dtype
+
+
+def embedding_rows(embed: Any, token_ids: jax.Array) -> jax.Array:
+    """embed[token_ids] [T, H] for a dense table [V, H] or one stored as tiles (a tied LM head's)."""
+    return embed.rows(token_ids) if isinstance(embed, TiledWeight) else embed[token_ids]
 
 
 def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE) -> jax.Array:

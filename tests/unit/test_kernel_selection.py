@@ -35,9 +35,10 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
     monkeypatch.setattr(kernels, "skinny_kernel_error", lambda: None)
     monkeypatch.setattr(kernels, "argmax_kernel_error", lambda: None)
     monkeypatch.setattr(kernels, "silu_and_mul_error", lambda: None)
+    monkeypatch.setattr(kernels, "amx_matmul_error", lambda: None)
     assert select_kernels() == Kernels(attention="cpu", awq_matmul="reference", lora_matmul="reference",
                                        kv_write="cpu", moe="cpu", matvec16="native", argmax="cpu",
-                                       silu_and_mul="cpu", interpret=True)
+                                       silu_and_mul="cpu", amx_matmul="cpu", interpret=True)
 
 
 @ON_CPU
@@ -56,6 +57,12 @@ def test_without_the_argmax_kernel_the_sampler_takes_jnp_argmax(monkeypatch):
 def test_without_the_silu_and_mul_kernel_the_mlp_takes_jnp(monkeypatch):
     monkeypatch.setattr(kernels, "silu_and_mul_error", lambda: "no compiler")
     assert select_kernels().silu_and_mul == "reference"
+
+
+@ON_CPU
+def test_without_amx_the_lm_head_stays_dense(monkeypatch):
+    monkeypatch.setattr(kernels, "amx_matmul_error", lambda: "this CPU has no AMX-BF16")
+    assert select_kernels().amx_matmul == "reference"
 
 
 def test_auto_on_a_gpu_is_pallas_everywhere(monkeypatch):
