@@ -53,11 +53,12 @@ def _random_prompt(rng: np.random.RandomState, shared: list[int]) -> list[int] |
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
-def test_randomized_workload_after_warmup_compiles_nothing(tiny_model_with_tokenizer, async_scheduling):
+@pytest.mark.parametrize("async_scheduling,dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")],
+                         ids=["async", "sync", "async-bfloat16"])  # bfloat16: the CPU kernels of that dtype
+def test_randomized_workload_after_warmup_compiles_nothing(tiny_model_with_tokenizer, async_scheduling, dtype):
     engine = LLMEngine(EngineArgs(model=str(tiny_model_with_tokenizer), max_model_len=MAX_MODEL_LEN, block_size=8,
                                   max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks=32, warmup=True,
-                                  async_scheduling=async_scheduling))
+                                  async_scheduling=async_scheduling, dtype=dtype))
     assert set(engine.runner.programs.compiled) == set(engine.runner.buckets.all_programs())
     rng = np.random.RandomState(int(async_scheduling))
     shared = rng.randint(3, 49152, size=MAX_MODEL_LEN).tolist()
