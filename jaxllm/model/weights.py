@@ -35,7 +35,7 @@ from flax import struct
 from jaxllm.model.host_arrays import aligned_concatenate
 from jaxllm.model.kernels import REFERENCE, Kernels
 from pallas_kernels.amx_matmul.cpu import tiled_matmul_cpu
-from pallas_kernels.amx_matmul.reference import tiled_dot, tiled_rows
+from pallas_kernels.amx_matmul.reference import TILE, tiled_dot, tiled_rows
 from pallas_kernels.skinny_matmul.cpu import skinny_matmul, skinny_supports
 
 Axes = tuple  # logical axis names of one array, e.g. ("layers", "heads", "embed")
@@ -88,7 +88,7 @@ class TiledWeight(WeightFormat):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.tiles.shape[0] * 32, self.tiles.shape[1] * 32
+        return self.tiles.shape[0] * TILE, self.tiles.shape[1] * TILE
 
     @property
     def dtype(self):

@@ -34,6 +34,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kRows = 32;              // weight rows per block: two A tiles
+constexpr int64_t kStepElems = 2 * 16 * 32;  // one 32-column step of a block: two 16 x 32 A tiles
 constexpr int64_t kMinItemBytes = 1 << 17;  // weight bytes of one work item at least
 
 #ifdef JAXLLM_AMX
@@ -117,12 +118,13 @@ inline void StoreTransposed(const float* ct, int64_t rows, int64_t N, float* out
   for (int j = 0; j < rows; ++j) _mm512_storeu_ps(out + j * N, r[j]);
 }
 
-// The next weight block's bytes [k * 64, (k + 1) * 64) of each of its 32-column steps: while step k of this block
-// runs, step k of the next one is asked for (prefetcht1), so the whole next block is in flight by this one's end.
+// Step k_step of the next weight block (its two tiles, 2 KiB), asked for (prefetcht1) while step k_step of this
+// block runs: the whole next block is in flight by this one's end.
 inline void PrefetchStep(const uint16_t* next_block, int64_t k_step) {
   if (next_block == nullptr) return;
-  const char* step = reinterpret_cast<const char*>(next_block + k_step * 2 * 16 * 32);
-  for (int line = 0; line < 2 * 16 * 32 * 2; line += 64) _mm_prefetch(step + line, _MM_HINT_T1);
+  const char* step = reinterpret_cast<const char*>(next_block + k_step * kStepElems);
+  for (int64_t line = 0; line < kStepElems * static_cast<int64_t>(sizeof(uint16_t)); line += 64)
+    _mm_prefetch(step + line, _MM_HINT_T1);
 }
 
 // out[m0 .. m0 + rows_in_block, 0 .. 32] (out already offset to the block's first column) for the activation
@@ -141,9 +143,9 @@ void WeightBlock(const uint16_t* block, const uint16_t* next_block, const uint32
     }
     for (int64_t s = 0; s < steps; ++s) {
       if (m0 == m_begin) PrefetchStep(next_block, s);
-      const uint16_t* a = block + s * 2 * 16 * 32;
+      const uint16_t* a = block + s * kStepElems;
       _tile_loadd(4, a, 64);            // weight rows 0 .. 16 of the block, columns 32s .. 32s + 32
-      _tile_loadd(5, a + 16 * 32, 64);  // rows 16 .. 32
+      _tile_loadd(5, a + kStepElems / 2, 64);  // rows 16 .. 32
       _tile_loadd(6, xp + s * 16 * Mp + m0, x_stride);  // pairs 16s .. 16s + 16 of activation rows m0 .. m0 + 16
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(2, 5, 6);

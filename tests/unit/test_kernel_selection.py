@@ -42,27 +42,15 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
 
 
 @ON_CPU
-def test_without_the_skinny_kernel_cpu_dots_take_two_rows(monkeypatch):
-    monkeypatch.setattr(kernels, "skinny_kernel_error", lambda: "no compiler")
-    assert select_kernels().matvec16 == "two_rows"
-
-
-@ON_CPU
-def test_without_the_argmax_kernel_the_sampler_takes_jnp_argmax(monkeypatch):
-    monkeypatch.setattr(kernels, "argmax_kernel_error", lambda: "no compiler")
-    assert select_kernels().argmax == "reference"
-
-
-@ON_CPU
-def test_without_the_silu_and_mul_kernel_the_mlp_takes_jnp(monkeypatch):
-    monkeypatch.setattr(kernels, "silu_and_mul_error", lambda: "no compiler")
-    assert select_kernels().silu_and_mul == "reference"
-
-
-@ON_CPU
-def test_without_amx_the_lm_head_stays_dense(monkeypatch):
-    monkeypatch.setattr(kernels, "amx_matmul_error", lambda: "this CPU has no AMX-BF16")
-    assert select_kernels().amx_matmul == "reference"
+@pytest.mark.parametrize("error_of,field,fallback", [
+    ("skinny_kernel_error", "matvec16", "two_rows"),  # a one-row dot with a 16-bit weight runs as two rows
+    ("argmax_kernel_error", "argmax", "reference"),  # the sampler takes jnp.argmax
+    ("silu_and_mul_error", "silu_and_mul", "reference"),  # the gated MLP takes jnp
+    ("amx_matmul_error", "amx_matmul", "reference"),  # the LM head stays dense
+])
+def test_without_a_native_kernel_its_operation_falls_back(monkeypatch, error_of, field, fallback):
+    monkeypatch.setattr(kernels, error_of, lambda: "no compiler, or no AMX-BF16")
+    assert getattr(select_kernels(), field) == fallback
 
 
 def test_auto_on_a_gpu_is_pallas_everywhere(monkeypatch):
