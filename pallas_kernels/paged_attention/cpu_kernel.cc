@@ -225,6 +225,54 @@ inline void AttendVector16(const float* qv, const float* k, const float* v, int6
   const __mmask16 visible = static_cast<__mmask16>(((1u << end) - 1) & ~((1u << begin) - 1));
   SoftmaxStep16<kD>(s, visible, v, m, denom, acc);
 }
+
+// Query vectors in lanes, for tiles of many query vectors (prompt chunks): 16 query vectors at a time, one per lane,
+// so a block's scores are 16 vectors S[j] (key j against every lane's query) built by broadcasting K[j, d] against
+// the queries' d-th components (Q^T), with no sums across lanes; the online softmax keeps a maximum and denominator
+// per lane, and the weighted sum of V accumulates as acc^T [kD, 16]. Every multiply-add is independent of its
+// neighbours: ~2x fewer instructions than a vector a query and no long dependency chains (benchmarks/RESULTS.md).
+constexpr int64_t kLanes = 16;
+
+// One block for one group of 16 query vectors. qt: the group's scaled queries [kD, 16]; k, v: the block [16, kD]
+// in float32; the block's key j has position key0 + j and is seen by lane l when lo[l] <= key0 + j <= pos[l];
+// only the first `keys` rows of the block hold keys (kFull: all 16). m, denom: per lane; acct: [kD, 16].
+template <int64_t kD, bool kFull>
+inline void AttendLanes16(const float* qt, const float* k, const float* v, int64_t keys, int64_t key0, __m512i pos,
+                          __m512i lo, __m512& m, __m512& denom, float* acct) {
+  if constexpr (kFull) keys = 16;  // a full block: the loops below unroll without a bound to test
+  __m512 s[16];
+  for (int j = 0; j < 16; ++j) s[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < kD; ++d) {
+    const __m512 qd = _mm512_loadu_ps(qt + d * kLanes);
+    for (int j = 0; j < 16; ++j)
+      if (j < keys) s[j] = _mm512_fmadd_ps(_mm512_set1_ps(k[j * kD + d]), qd, s[j]);
+  }
+  __mmask16 visible[16];
+  __m512 block_max = _mm512_set1_ps(-INFINITY);
+  for (int j = 0; j < 16; ++j) {
+    const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(key0 + j));
+    visible[j] = j < keys ? _mm512_cmple_epi32_mask(key, pos) & _mm512_cmpge_epi32_mask(key, lo) : 0;
+    block_max = _mm512_mask_max_ps(block_max, visible[j], block_max, s[j]);
+  }
+  const __m512 m_new = _mm512_max_ps(m, block_max);
+  const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);  // lanes with a key
+  const __m512 m_safe = _mm512_maskz_mov_ps(seen, m_new);
+  const __mmask16 had = _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+  const __m512 alpha = _mm512_maskz_mov_ps(had, Exp16(_mm512_sub_ps(m, m_safe)));  // 0 before a lane's first key
+  __m512 p_sum = _mm512_setzero_ps();
+  for (int j = 0; j < 16; ++j) {
+    s[j] = _mm512_maskz_mov_ps(visible[j], Exp16(_mm512_sub_ps(s[j], m_safe)));  // p[j], 0 where unseen
+    p_sum = _mm512_add_ps(p_sum, s[j]);
+  }
+  denom = _mm512_fmadd_ps(denom, alpha, p_sum);
+  m = m_new;
+  for (int64_t d = 0; d < kD; ++d) {
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(acct + d * kLanes), alpha);
+    for (int j = 0; j < 16; ++j)
+      if (j < keys) acc = _mm512_fmadd_ps(s[j], _mm512_set1_ps(v[j * kD + d]), acc);
+    _mm512_storeu_ps(acct + d * kLanes, acc);
+  }
+}
 #endif  // __AVX512F__
 
 // Attend one work item: its count x G query vectors against keys 0 (or its first query's window start) .. its last
@@ -295,6 +343,95 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
 }
 
 
+#ifdef __AVX512F__
+// Per-thread buffers of the lanes path: per group of 16 query vectors, Q^T and acc^T [kD, 16], m and denom [16].
+struct LaneScratch {
+  std::vector<float> qt, acct, m, denom, k, v;
+};
+
+// Attend one work item of at least kLanes query vectors with the vectors in lanes (AttendLanes16): the same result
+// as AttendItem's, the sums taken in another order. Vector t * G + g (token t of the tile, query head
+// item.head * G + g) is lane (t * G + g) % 16 of group (t * G + g) / 16.
+template <typename T, int64_t kD>
+void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
+                     const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
+                     float* out) {
+  constexpr int64_t B = 16;
+  const int64_t G = sh.num_q_heads / sh.num_kv_heads, num_vectors = item.count * G;
+  const int64_t groups = (num_vectors + kLanes - 1) / kLanes, group_size = kD * kLanes;
+  const int64_t q_len = starts[item.seq + 1] - starts[item.seq];
+  const int64_t first_pos = context_lens[item.seq] - q_len + item.first;  // position of the tile's first query
+  const int64_t kv_end = first_pos + item.count;
+
+  thread_local LaneScratch buf;
+  buf.qt.assign(groups * group_size, 0.0f);
+  buf.acct.assign(groups * group_size, 0.0f);
+  buf.m.assign(groups * kLanes, -INFINITY);
+  buf.denom.assign(groups * kLanes, 0.0f);
+  buf.k.resize(B * kD);
+  buf.v.resize(B * kD);
+  alignas(64) int32_t pos[kLanes], lo[kLanes];
+  for (int64_t vec = 0; vec < num_vectors; ++vec) {
+    const int64_t t = vec / G, g = vec % G;
+    const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G + g) * kD;
+    float* dst = &buf.qt[vec / kLanes * group_size + vec % kLanes];
+    for (int64_t d = 0; d < kD; ++d) dst[d * kLanes] = src[d] * opt.sm_scale;
+  }
+
+  const int64_t head_stride = B * kD, block_stride = sh.num_kv_heads * head_stride;
+  for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
+    const int64_t block = tables[item.seq * sh.max_blocks + b];
+    if ((b + 1) * B < kv_end) {  // the next block lies anywhere in the pool: ask for it now
+      const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
+      Prefetch(k_layer + next, B * kD);
+      Prefetch(v_layer + next, B * kD);
+    }
+    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * kD, buf.k);
+    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * kD, buf.v);
+    const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
+    for (int64_t group = 0; group < groups; ++group) {
+      const int64_t first_vec = group * kLanes, last_vec = std::min(num_vectors, first_vec + kLanes) - 1;
+      if (first_pos + last_vec / G < b * B) continue;  // every query of the group precedes the block
+      if (FirstKey(first_pos + first_vec / G, opt.sliding_window) >= b * B + keys) continue;  // window past it
+      for (int64_t lane = 0; lane < kLanes; ++lane) {
+        const int64_t vec = first_vec + lane;
+        pos[lane] = vec < num_vectors ? static_cast<int32_t>(first_pos + vec / G) : -1;  // -1: an empty lane
+        lo[lane] = static_cast<int32_t>(FirstKey(std::max<int64_t>(pos[lane], 0), opt.sliding_window));
+      }
+      __m512 m = _mm512_loadu_ps(&buf.m[group * kLanes]), denom = _mm512_loadu_ps(&buf.denom[group * kLanes]);
+      const __m512i pos_v = _mm512_load_si512(pos), lo_v = _mm512_load_si512(lo);
+      if (keys == B)
+        AttendLanes16<kD, true>(&buf.qt[group * group_size], k, v, keys, b * B, pos_v, lo_v, m, denom,
+                                &buf.acct[group * group_size]);
+      else
+        AttendLanes16<kD, false>(&buf.qt[group * group_size], k, v, keys, b * B, pos_v, lo_v, m, denom,
+                                 &buf.acct[group * group_size]);
+      _mm512_storeu_ps(&buf.m[group * kLanes], m);
+      _mm512_storeu_ps(&buf.denom[group * kLanes], denom);
+    }
+  }
+  for (int64_t vec = 0; vec < num_vectors; ++vec) {
+    const int64_t t = vec / G, g = vec % G, group = vec / kLanes, lane = vec % kLanes;
+    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G + g) * kD;
+    const float denom = buf.denom[group * kLanes + lane], inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+    const float* acct = &buf.acct[group * group_size + lane];
+    for (int64_t d = 0; d < kD; ++d) dst[d] = acct[d * kLanes] * inv;
+  }
+}
+
+// The AVX-512 step of an item: query vectors in lanes for a tile of at least kLanes of them (prompt chunks) without
+// a soft-cap, else a vector a query (decode rows: G query vectors a KV head).
+template <typename T, int64_t kD>
+void AttendItemSimd(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
+                    const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
+                    float* out) {
+  if (item.count * (sh.num_q_heads / sh.num_kv_heads) >= kLanes && opt.logit_softcap == 0.0f)
+    AttendItemLanes<T, kD>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
+  else
+    AttendItem<T, kD, 16, true>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
+}
+#endif  // __AVX512F__
+
 // The work items of a step, longest first; an error names the first input that breaks the contract.
 ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, const int32_t* context_lens,
                      const int32_t* starts, int64_t sliding_window, std::vector<Item>& items) {
@@ -343,19 +480,26 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
     });
   };
 #ifdef __AVX512F__
-  constexpr bool kSimd = true;
-#else
-  constexpr bool kSimd = false;
-#endif
   if (sh.head_dim == 64 && sh.block_size == 16) {
-    attend_all(AttendItem<T, 64, 16, kSimd>);
+    attend_all(AttendItemSimd<T, 64>);
   } else if (sh.head_dim == 128 && sh.block_size == 16) {
-    attend_all(AttendItem<T, 128, 16, kSimd>);
+    attend_all(AttendItemSimd<T, 128>);
   } else if (sh.head_dim == 256 && sh.block_size == 16) {
-    attend_all(AttendItem<T, 256, 16, kSimd>);
+    attend_all(AttendItemSimd<T, 256>);
   } else {
     attend_all(AttendItem<T, 0, 0>);
   }
+#else
+  if (sh.head_dim == 64 && sh.block_size == 16) {
+    attend_all(AttendItem<T, 64, 16>);
+  } else if (sh.head_dim == 128 && sh.block_size == 16) {
+    attend_all(AttendItem<T, 128, 16>);
+  } else if (sh.head_dim == 256 && sh.block_size == 16) {
+    attend_all(AttendItem<T, 256, 16>);
+  } else {
+    attend_all(AttendItem<T, 0, 0>);
+  }
+#endif
   return ffi::Error::Success();
 }
 

@@ -33,6 +33,11 @@ CASES = [
     ("bf16", [(3, 50), (1, 1), (12, 70)], dict(num_q_heads=8, num_kv_heads=2, dtype=jnp.bfloat16)),
     ("head_dim_256_bf16", [(1, 33), (4, 47)], dict(num_q_heads=4, num_kv_heads=1, head_dim=256, dtype=jnp.bfloat16)),
     ("padding_only", [], dict(num_q_heads=4, num_kv_heads=2, pad_seqs=3, pad_tokens=4)),
+    # prompt tiles of 16 query vectors or more take the lanes path: groups of 16 that split a token's query heads,
+    # a partial last group, a decode row beside them, a chunk after a cached prefix
+    ("prompt_lanes_g3", [(37, 37), (6, 50), (1, 9), (50, 83)], dict(num_q_heads=9, num_kv_heads=3)),
+    ("prompt_lanes_d128_bf16", [(11, 11), (23, 40)],
+     dict(num_q_heads=6, num_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)),
 ]
 
 
@@ -113,6 +118,8 @@ OPTION_CASES = [
     ("softcap_d256", [(1, 50), (7, 30)], dict(logit_softcap=2.0), dict(head_dim=256)),
     ("w37_softcap_d256", [(1, 120), (40, 66)], dict(sliding_window=37, logit_softcap=30.0), dict(head_dim=256)),
     ("w21_softcap_bf16", [(1, 100), (13, 77)], dict(sliding_window=21, logit_softcap=5.0), dict(dtype=jnp.bfloat16)),
+    ("w9_lanes_g3_chunk", [(40, 120), (17, 17), (1, 60)], dict(sliding_window=9),
+     dict(num_q_heads=9, num_kv_heads=3)),
 ]
 
 
