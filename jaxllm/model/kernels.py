@@ -21,6 +21,9 @@
     amx_matmul   cpu, reference            cpu on a CPU with AMX-BF16 where it builds (a bfloat16 LM head on one
                                            device is stored as AMX tiles and its dot runs the AMX kernel:
                                            model/lm_head.py); else reference (the head stays dense)
+    add_rms_norm cpu, reference            cpu on CPU where it builds (a bfloat16 Llama-style layer's residual add
+                                           and the norm after it as one call, on one device: llama.py); else
+                                           reference
 
 The runner builds one frozen `Kernels` from the engine arguments (`select_kernels`) and the model code reads its
 fields; a Pallas kernel chosen where there is no GPU runs in interpret mode (`interpret`: tests). This module is
@@ -34,6 +37,7 @@ import logging
 
 import jax
 
+from pallas_kernels.add_rms_norm.cpu import add_rms_norm_error
 from pallas_kernels.amx_matmul.cpu import amx_matmul_error
 from pallas_kernels.argmax.cpu import argmax_kernel_error
 from pallas_kernels.paged_attention.cpu_kernel import cpu_kernel_error
@@ -47,7 +51,7 @@ CHOICES = {"attention": ("cpu", "pallas", "reference"), "awq_matmul": ("pallas",
            "lora_matmul": ("pallas", "reference"), "kv_write": ("cpu", "reference"),
            "moe": ("cpu", "pallas", "reference"), "matvec16": ("direct", "two_rows", "native"),
            "argmax": ("cpu", "reference"), "silu_and_mul": ("cpu", "reference"),
-           "amx_matmul": ("cpu", "reference")}
+           "amx_matmul": ("cpu", "reference"), "add_rms_norm": ("cpu", "reference")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Kernels:
     argmax: str = "reference"
     silu_and_mul: str = "reference"
     amx_matmul: str = "reference"
+    add_rms_norm: str = "reference"
     interpret: bool = False  # Pallas kernels run in interpret mode (no GPU)
 
     def __post_init__(self):
@@ -85,7 +90,7 @@ def select_kernels(attention: str = "auto", awq_matmul: str = "auto", lora_matmu
                    kv_write=_resolve_kv_write(kv_write, gpu), moe=_resolve_moe(moe, gpu),
                    matvec16=_resolve_matvec16(gpu), argmax=_resolve_argmax(gpu),
                    silu_and_mul=_resolve_silu_and_mul(gpu), amx_matmul=_resolve_amx_matmul(gpu),
-                   interpret=not gpu)
+                   add_rms_norm=_resolve_add_rms_norm(gpu), interpret=not gpu)
 
 
 def resolve_attention(name: str) -> str:
@@ -137,6 +142,10 @@ def _resolve_argmax(gpu: bool) -> str:
 
 def _resolve_silu_and_mul(gpu: bool) -> str:
     return "cpu" if not gpu and silu_and_mul_error() is None else "reference"
+
+
+def _resolve_add_rms_norm(gpu: bool) -> str:
+    return "cpu" if not gpu and add_rms_norm_error() is None else "reference"
 
 
 def _resolve_amx_matmul(gpu: bool) -> str:

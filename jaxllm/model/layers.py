@@ -13,6 +13,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.model import weights
 from jaxllm.model.kernels import REFERENCE, Kernels
 from jaxllm.rope_scaling import default_inv_freq
+from pallas_kernels.add_rms_norm.reference import rms_norm  # noqa: F401 (the model's norm, re-exported)
 from pallas_kernels.silu_and_mul.cpu import silu_and_mul_cpu
 from pallas_kernels.silu_and_mul.reference import gated_activation_reference
 
@@ -20,20 +21,13 @@ from pallas_kernels.silu_and_mul.reference import gated_activation_reference
 def linear(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE) -> jax.Array:
     """x [..., K] @ w[N, K].T (+ b [N]) -> [..., N] in x.dtype, accumulated in float32. `w` is any weight format
     (weights.py: a dense array, or a WeightFormat that does its own dot); the layers never look at it."""
+    return linear_sums(x, w, b, kernels).astype(x.dtype)
+
+
+def linear_sums(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE) -> jax.Array:
+    """`linear`'s float32 sums [..., N], before their rounding to x.dtype."""
     y = weights.dot(x, w, kernels)
-    if b is not None:
-        y = y + b.astype(jnp.float32)
-    return y.astype(x.dtype)
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
-    """Normalise over the last axis in float32. offset 0 (Llama): cast back, then scale by weight; offset 1
-    (Gemma): scale by (1 + weight) in float32, then cast back (each the order its Hugging Face model uses)."""
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    if offset:
-        return (x32 * (offset + weight.astype(jnp.float32))).astype(x.dtype)
-    return weight * x32.astype(x.dtype)
+    return y if b is None else y + b.astype(jnp.float32)
 
 
 # The fewest rows the native SiLU kernel takes: below, its call costs more than XLA's fused op saves (batch-1 decode
@@ -43,8 +37,14 @@ SILU_KERNEL_MIN_ROWS = 128
 
 def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
               activation: str = "silu") -> jax.Array:
-    """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu_tanh); x [T, H], w_gate_up [2F, H] (gate rows,
-    then up rows), w_down [H, F]. In a 16-bit dtype the activation and the product each round once, computed in
+    """down(act(gate(x)) * up(x)) [T, H] in x.dtype: `gated_mlp_sums` rounded."""
+    return gated_mlp_sums(x, w_gate_up, w_down, kernels, activation).astype(x.dtype)
+
+
+def gated_mlp_sums(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
+                   activation: str = "silu") -> jax.Array:
+    """down(act(gate(x)) * up(x)) as the down projection's float32 sums [T, H]: SwiGLU (silu) or GeGLU (gelu_tanh);
+    x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]. In a 16-bit dtype the activation and the product each round once, computed in
     float32 (as torch's kernels do): jnp ops on 16-bit arrays would round after every primitive of the activation,
     which costs a conversion pair each on CPU and drifts further from the checkpoint's own arithmetic."""
     gate_up = weights.dot(x, w_gate_up, kernels)  # [T, 2F] float32
@@ -53,7 +53,7 @@ def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFE
         hidden = silu_and_mul_cpu(gate_up)  # [T, F]: the reference's roundings, exp at a tenth of XLA:CPU's cost
     else:
         hidden = gated_activation_reference(gate_up.astype(x.dtype), activation)  # [T, F]
-    return linear(hidden, w_down, kernels=kernels)
+    return linear_sums(hidden, w_down, kernels=kernels)  # [T, H] float32
 
 
 def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE) -> jax.Array:

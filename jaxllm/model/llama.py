@@ -25,10 +25,13 @@ from jaxllm.model.attention import attend
 from jaxllm.model import weights
 from jaxllm.model.kernels import REFERENCE, Kernels
 from jaxllm.model.kv_cache import KVCache, write_kv
-from jaxllm.model.layers import apply_rope, gated_mlp, linear, rms_norm, rope_cos_sin, rope_inv_freq, soft_cap
+from jaxllm.model.layers import (apply_rope, gated_mlp_sums, linear, linear_sums, rms_norm, rope_cos_sin,
+                                 rope_inv_freq, soft_cap)
 from jaxllm.model.moe import moe_mlp
 from jaxllm.model.params import LayerParams, LlamaParams
 from jaxllm.model.step_batch import StepBatch
+from pallas_kernels.add_rms_norm.cpu import add_rms_norm_cpu
+from pallas_kernels.add_rms_norm.reference import add_rms_norm_reference
 
 
 def device_forward_hidden(
@@ -62,12 +65,15 @@ def device_forward_hidden(
     # than an inline loop body.
     layer_step = jax.jit(functools.partial(_layer, config=config, kernels=kernels, reduce=reduce),
                          static_argnames=("kind",))
+    # each layer hands its MLP's output to the next one unadded, which adds it and norms the sum in one step
+    pending = jnp.zeros(x.shape, _output_dtype(config, kernels, x.dtype))  # [T, H]
     for layer, (lp, kind) in enumerate(zip(params.layers, kinds)):
         cos, sin = tables[kind.local_rope]
-        x, k_pool, v_pool = layer_step(x, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch, first_expert,
-                                       kind=kind)
+        x, pending, k_pool, v_pool = layer_step(x, pending, k_pool, v_pool, lp, jnp.int32(layer), cos, sin, batch,
+                                                first_expert, kind=kind)
 
-    hidden = _norm(x[batch.logits_indices], params.final_norm, config)  # [R, H]
+    rows = batch.logits_indices
+    _, hidden = _add_and_norm(x[rows], pending[rows], params.final_norm, config, kernels)  # [R, H]
     return hidden, KVCache(k=k_pool, v=v_pool)
 
 
@@ -83,10 +89,11 @@ def layer_kind(config: ModelConfig, layer: int) -> LayerKind:
                      sliding and config.rope_local_theta is not None)
 
 
-def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, first_expert, *, kind: LayerKind,
-           config: ModelConfig, kernels: Kernels, reduce: Callable[[jax.Array], jax.Array]):
-    """One decoder layer: x [T, H] -> x [T, H], this step's K/V written into the pools' layer `layer`."""
-    h = _norm(x, lp.attn_norm, config)
+def _layer(x, pending, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, first_expert, *,
+           kind: LayerKind, config: ModelConfig, kernels: Kernels, reduce: Callable[[jax.Array], jax.Array]):
+    """One decoder layer: x [T, H] and the previous layer's output not yet added to it (pending [T, H]) -> x with
+    it added, this layer's output (not added), this step's K/V written into the pools' layer `layer`."""
+    x, h = _add_and_norm(x, pending, lp.attn_norm, config, kernels)
     q, k, v = _qkv(h, lp, config, kernels)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
     if lp.q_norm is not None:  # per head, before rope (Qwen3, Gemma 3)
         q, k = _norm(q, lp.q_norm, config), _norm(k, lp.k_norm, config)
@@ -94,14 +101,46 @@ def _layer(x, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch
     k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v, kernels)
     attn = attend(kernels, q, k_pool, v_pool, layer, batch, config.attention_scale,
                   sliding_window=kind.sliding_window, logit_softcap=config.attn_logit_softcap)  # [T, Hq, D]
-    x = x + _post_norm(reduce(linear(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels)), lp.post_attn_norm,
-                       config)
-    h = _norm(x, lp.mlp_norm, config)
-    if lp.router is not None:  # a mixture-of-experts layer
-        mlp = reduce(moe_mlp(h, lp, config, kernels, first_expert))
+    attn_out = linear_sums(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels)  # [T, H] float32
+    x, h = _add_and_norm(x, _output(attn_out, lp.post_attn_norm, x.dtype, config, kernels, reduce), lp.mlp_norm,
+                         config, kernels)
+    if lp.router is not None:  # a mixture-of-experts layer: its output in x.dtype, widened exactly where fused
+        mlp = reduce(moe_mlp(h, lp, config, kernels, first_expert)).astype(_output_dtype(config, kernels, x.dtype))
     else:
-        mlp = reduce(gated_mlp(h, lp.w_gate_up, lp.w_down, kernels, config.arch.activation))
-    return x + _post_norm(mlp, lp.post_mlp_norm, config), k_pool, v_pool
+        mlp = _output(gated_mlp_sums(h, lp.w_gate_up, lp.w_down, kernels, config.arch.activation), lp.post_mlp_norm,
+                      x.dtype, config, kernels, reduce)
+    return x, mlp, k_pool, v_pool
+
+
+def _fused_add_norm(config: ModelConfig, kernels: Kernels, dtype) -> bool:
+    """Whether the residual adds and the norms after them run as one native call (Kernels.add_rms_norm, on one
+    device: tensor_parallel.layer_kernels): a bfloat16 model whose norm casts back before its scale and that has no
+    norm between a sublayer and its residual add (Llama's; not Gemma's). The sublayers then hand over their float32
+    sums, which the kernel rounds as `linear` would."""
+    return (kernels.add_rms_norm == "cpu" and dtype == jnp.bfloat16 and not config.arch.norm_offset
+            and not config.arch.sandwich_norms)
+
+
+def _output_dtype(config: ModelConfig, kernels: Kernels, dtype):
+    """The dtype of a sublayer's output as the residual add takes it."""
+    return jnp.float32 if _fused_add_norm(config, kernels, dtype) else dtype
+
+
+def _output(sums: jax.Array, post_norm: jax.Array | None, dtype, config: ModelConfig, kernels: Kernels,
+            reduce: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """A sublayer's projection sums [T, H] float32 -> its output as the residual add takes it: the sums themselves
+    where the add is fused, else rounded to the activations' dtype, reduced over the devices and (Gemma) normed."""
+    if _fused_add_norm(config, kernels, dtype):
+        return sums
+    return _post_norm(reduce(sums.astype(dtype)), post_norm, config)
+
+
+def _add_and_norm(x: jax.Array, output: jax.Array, weight: jax.Array, config: ModelConfig, kernels: Kernels
+                  ) -> tuple[jax.Array, jax.Array]:
+    """x [T, H] + a sublayer's output (`_output`) -> (the sum [T, H] in x.dtype, its norm by `weight` [T, H])."""
+    if _fused_add_norm(config, kernels, x.dtype):
+        return add_rms_norm_cpu(x, output, weight, config.rms_norm_eps)
+    return add_rms_norm_reference(x, output, weight, config.rms_norm_eps, config.arch.norm_offset)
 
 
 def _norm(x: jax.Array, weight: jax.Array, config: ModelConfig) -> jax.Array:

@@ -269,7 +269,8 @@ def forward_hidden(params: LlamaParams, kv_cache: KVCache, batch: StepBatch, *, 
     def step(local_params, local_kv, batch):
         first_expert = (jax.lax.axis_index(TP_AXIS) * (config.num_experts // mesh.size)
                         if config.expert_parallel else 0)  # the global id of this device's first expert
-        return device_forward_hidden(local_params, local_kv, batch, config=per_device, kernels=kernels,
+        return device_forward_hidden(local_params, local_kv, batch, config=per_device,
+                                     kernels=layer_kernels(kernels, mesh),
                                      reduce=_all_reduce if mesh.size > 1 else _whole, first_expert=first_expert)
 
     return step(params, kv_cache, batch)
@@ -289,6 +290,13 @@ def lm_head_kernels(kernels: Kernels, mesh: Mesh) -> Kernels:
     the head is split over the vocabulary and a native kernel (a custom call XLA cannot partition) would gather
     it whole, so XLA's own dot."""
     return kernels if mesh.size == 1 else REFERENCE
+
+
+def layer_kernels(kernels: Kernels, mesh: Mesh) -> Kernels:
+    """The kernels of the layers: `kernels` on one device; over several the residual adds take the reference (the
+    fused add and norm takes a sublayer's float32 sums, whose all-reduce would carry twice the bytes of the
+    outputs rounded first, as the reference and vLLM reduce them)."""
+    return kernels if mesh.size == 1 else dataclasses.replace(kernels, add_rms_norm="reference")
 
 
 def _whole(output: jax.Array) -> jax.Array:

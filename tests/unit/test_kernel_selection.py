@@ -36,9 +36,10 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
     monkeypatch.setattr(kernels, "argmax_kernel_error", lambda: None)
     monkeypatch.setattr(kernels, "silu_and_mul_error", lambda: None)
     monkeypatch.setattr(kernels, "amx_matmul_error", lambda: None)
+    monkeypatch.setattr(kernels, "add_rms_norm_error", lambda: None)
     assert select_kernels() == Kernels(attention="cpu", awq_matmul="reference", lora_matmul="reference",
                                        kv_write="cpu", moe="cpu", matvec16="native", argmax="cpu",
-                                       silu_and_mul="cpu", amx_matmul="cpu", interpret=True)
+                                       silu_and_mul="cpu", amx_matmul="cpu", add_rms_norm="cpu", interpret=True)
 
 
 @ON_CPU
@@ -47,6 +48,7 @@ def test_auto_on_cpu_is_the_native_kernels_and_the_jnp_references(monkeypatch):
     ("argmax_kernel_error", "argmax", "reference"),  # the sampler takes jnp.argmax
     ("silu_and_mul_error", "silu_and_mul", "reference"),  # the gated MLP takes jnp
     ("amx_matmul_error", "amx_matmul", "reference"),  # the LM head stays dense
+    ("add_rms_norm_error", "add_rms_norm", "reference"),  # the residual add and norm take jnp
 ])
 def test_without_a_native_kernel_its_operation_falls_back(monkeypatch, error_of, field, fallback):
     monkeypatch.setattr(kernels, error_of, lambda: "no compiler, or no AMX-BF16")
