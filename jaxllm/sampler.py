@@ -13,8 +13,8 @@ Filtering never sorts the vocabulary: each cut is a threshold on the row's logit
 NUM_CANDIDATES logits (lax.top_k) when the kept set lies within them, else found exactly by bisection over
 the whole row, BISECT_ROWS rows at a time and only for the rows that need it.
 
-What a batch needs is decided at run time (lax.cond), not by the compiler: an all-greedy batch skips the noise
-and the filters, a batch without top-k/top-p/min-p skips the filters, one without adjustments skips them, one
+What a batch needs is decided at run time (lax.cond), not by the compiler: an all-greedy batch with no adjustment,
+bitmask or logprobs is one argmax, an all-greedy batch skips the noise and the filters, a batch without top-k/top-p/min-p skips the filters, one without adjustments skips them, one
 without logprobs skips the log-softmax. So one program per logits shape serves every mix of requests, and its
 outputs have fixed shapes: logprob fields are zeros when no row asked for them.
 
@@ -64,6 +64,22 @@ def sample(logits: jax.Array, batch: SamplingBatch, kernels: Kernels = REFERENCE
     """logits [R, V] float32 -> one token per row (see the module docstring for the order of operations);
     kernels.argmax says how a row's argmax over the vocabulary runs."""
     logits = logits.astype(jnp.float32)
+    plain_greedy = jnp.all(batch.is_greedy) & ~batch.wants_logprobs  # and nothing below changes a logit:
+    if batch.token_bitmask is not None:
+        plain_greedy &= ~batch.has_bitmask
+    if batch.state is not None:
+        plain_greedy &= ~batch.has_adjustments
+    # the argmax alone: the general path's cond over the adjustments returns the logits unchanged, which costs a
+    # copy of them (1.3 ms a batch-64 step of the default model on CPU, benchmarks/RESULTS.md)
+    return lax.cond(plain_greedy, lambda: _no_logprobs(vocabulary_argmax(logits, kernels), _num_top(logits)),
+                    lambda: _sample_general(logits, batch, kernels))
+
+
+def _num_top(logits: jax.Array) -> int:
+    return min(MAX_LOGPROBS, logits.shape[1])
+
+
+def _sample_general(logits: jax.Array, batch: SamplingBatch, kernels: Kernels) -> SamplerOutput:
     if batch.token_bitmask is not None:
         logits = lax.cond(batch.has_bitmask, lambda: apply_token_bitmask(logits, batch.token_bitmask),
                           lambda: logits)
@@ -75,7 +91,7 @@ def sample(logits: jax.Array, batch: SamplingBatch, kernels: Kernels = REFERENCE
     greedy = vocabulary_argmax(adjusted, kernels)  # [R]
     tokens = lax.cond(jnp.all(batch.is_greedy), lambda: greedy,
                       lambda: jnp.where(batch.is_greedy, greedy, _random_sample(adjusted, batch, kernels)))
-    num_top = min(MAX_LOGPROBS, logits.shape[1])
+    num_top = _num_top(logits)
 
     def with_logprobs():
         logprobs = jax.nn.log_softmax(logits, axis=-1)
