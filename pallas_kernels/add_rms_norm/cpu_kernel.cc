@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16.h"
 #include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -31,59 +32,46 @@ constexpr int64_t kMinItemElements = 1 << 14;  // outputs of one work item at le
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
-inline __m512 Widen(__m256i bf16) {  // 16 bfloat16 -> float32
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
-}
-
-inline __m256i Narrow(__m512 x) {  // float32 -> bfloat16, to nearest even
-  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
-}
+using jaxllm::Narrow16;
+using jaxllm::Widen16;
 
 void Row(const uint16_t* x, const float* delta, const uint16_t* weight, float eps, int64_t H, uint16_t* sum,
          uint16_t* normed) {
   __m512 squares = _mm512_setzero_ps();
   for (int64_t i = 0; i < H; i += 16) {
     const __mmask16 valid = H - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (H - i)) - 1);
-    const __m512 d = Widen(Narrow(_mm512_maskz_loadu_ps(valid, delta + i)));
-    const __m256i s = Narrow(_mm512_add_ps(Widen(_mm256_maskz_loadu_epi16(valid, x + i)), d));
+    const __m512 d = Widen16(Narrow16(_mm512_maskz_loadu_ps(valid, delta + i)));
+    const __m256i s = Narrow16(_mm512_add_ps(Widen16(_mm256_maskz_loadu_epi16(valid, x + i)), d));
     _mm256_mask_storeu_epi16(sum + i, valid, s);
-    const __m512 s32 = Widen(s);
+    const __m512 s32 = Widen16(s);
     squares = _mm512_fmadd_ps(s32, s32, squares);
   }
   const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / H + eps));
   for (int64_t i = 0; i < H; i += 16) {
     const __mmask16 valid = H - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (H - i)) - 1);
-    const __m512 n = Widen(Narrow(_mm512_mul_ps(Widen(_mm256_maskz_loadu_epi16(valid, sum + i)), scale)));
-    const __m512 w = Widen(_mm256_maskz_loadu_epi16(valid, weight + i));
-    _mm256_mask_storeu_epi16(normed + i, valid, Narrow(_mm512_mul_ps(w, n)));
+    const __m512 n = Widen16(Narrow16(_mm512_mul_ps(Widen16(_mm256_maskz_loadu_epi16(valid, sum + i)), scale)));
+    const __m512 w = Widen16(_mm256_maskz_loadu_epi16(valid, weight + i));
+    _mm256_mask_storeu_epi16(normed + i, valid, Narrow16(_mm512_mul_ps(w, n)));
   }
 }
 
 #else
 
-inline float ToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float x;
-  std::memcpy(&x, &wide, sizeof(x));
-  return x;
-}
-
-inline uint16_t ToBf16(float x) {  // round to nearest even; NaN stays NaN
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
+using jaxllm::Bf16ToFloat;
+using jaxllm::FloatToBf16;
 
 void Row(const uint16_t* x, const float* delta, const uint16_t* weight, float eps, int64_t H, uint16_t* sum,
          uint16_t* normed) {
   float squares = 0.0f;
   for (int64_t i = 0; i < H; ++i) {
-    sum[i] = ToBf16(ToFloat(x[i]) + ToFloat(ToBf16(delta[i])));
-    squares += ToFloat(sum[i]) * ToFloat(sum[i]);
+    sum[i] = FloatToBf16(Bf16ToFloat(x[i]) + Bf16ToFloat(FloatToBf16(delta[i])));
+    squares += Bf16ToFloat(sum[i]) * Bf16ToFloat(sum[i]);
   }
   const float scale = 1.0f / std::sqrt(squares / H + eps);
-  for (int64_t i = 0; i < H; ++i) normed[i] = ToBf16(ToFloat(weight[i]) * ToFloat(ToBf16(ToFloat(sum[i]) * scale)));
+  for (int64_t i = 0; i < H; ++i) {
+    const float n = Bf16ToFloat(FloatToBf16(Bf16ToFloat(sum[i]) * scale));
+    normed[i] = FloatToBf16(Bf16ToFloat(weight[i]) * n);
+  }
 }
 
 #endif

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16.h"
 #include "exp16.h"
 #include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
@@ -32,8 +33,7 @@ constexpr int64_t kMinItemElements = 1 << 14;  // output elements of one work it
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
 inline __m512 RoundBf16(__m512 x) {  // x rounded to bfloat16, as float32
-  const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  return jaxllm::Widen16(jaxllm::Narrow16(x));
 }
 
 void Row(const float* gate, const float* up, uint16_t* out, int64_t F) {
@@ -45,31 +45,20 @@ void Row(const float* gate, const float* up, uint16_t* out, int64_t F) {
     const __m512 exp_minus_g = jaxllm::Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g), -87.3f, 89.0f);
     const __m512 sigmoid = _mm512_div_ps(one, _mm512_add_ps(one, exp_minus_g));
     const __m512 silu = _mm512_mul_ps(g, sigmoid);
-    const __m256i product = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(RoundBf16(silu), u)));
+    const __m256i product = jaxllm::Narrow16(_mm512_mul_ps(RoundBf16(silu), u));
     _mm256_mask_storeu_epi16(out + i, valid, product);
   }
 }
 
 #else
 
-inline float ToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float x;
-  std::memcpy(&x, &wide, sizeof(x));
-  return x;
-}
-
-inline uint16_t ToBf16(float x) {  // round to nearest even; NaN stays NaN
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
+using jaxllm::Bf16ToFloat;
+using jaxllm::FloatToBf16;
 
 void Row(const float* gate, const float* up, uint16_t* out, int64_t F) {
   for (int64_t i = 0; i < F; ++i) {
-    const float g = ToFloat(ToBf16(gate[i])), u = ToFloat(ToBf16(up[i]));
-    out[i] = ToBf16(ToFloat(ToBf16(g * (1.0f / (1.0f + std::exp(-g))))) * u);
+    const float g = Bf16ToFloat(FloatToBf16(gate[i])), u = Bf16ToFloat(FloatToBf16(up[i]));
+    out[i] = FloatToBf16(Bf16ToFloat(FloatToBf16(g * (1.0f / (1.0f + std::exp(-g))))) * u);
   }
 }
 

@@ -1,0 +1,41 @@
+// bfloat16 <-> float32 for the native CPU kernels: scalar, and 16 lanes at a time where AVX512-BF16 is present.
+#ifndef JAXLLM_PALLAS_KERNELS_BF16_H_
+#define JAXLLM_PALLAS_KERNELS_BF16_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace jaxllm {
+
+inline float Bf16ToFloat(uint16_t bits) {  // the high half of the float
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, sizeof(x));
+  return x;
+}
+
+inline uint16_t FloatToBf16(float x) {  // round to nearest even; NaN stays NaN
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+inline __m512 Widen16(__m256i bf16) {  // 16 bfloat16 -> float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+}
+
+inline __m256i Narrow16(__m512 x) {  // 16 float32 -> bfloat16, to nearest even
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+}
+#endif
+
+}  // namespace jaxllm
+
+#endif  // JAXLLM_PALLAS_KERNELS_BF16_H_
