@@ -108,26 +108,6 @@ inline void Prefetch(const T* data, int64_t n) {
   for (int64_t offset = 0; offset < n * static_cast<int64_t>(sizeof(T)); offset += 64) __builtin_prefetch(bytes + offset);
 }
 
-// The K/V blocks of one work item's sequence and KV head, where they lie in the pool's layer.
-template <typename T>
-struct ItemBlocks {
-  const T *k_layer, *v_layer;
-  const int32_t* table;  // the sequence's block table
-  int64_t head_offset, block_stride, block_elems;  // a head's block [B, D] within a pool block; its elements
-  const T* k(int64_t b) const { return k_layer + table[b] * block_stride + head_offset; }
-  const T* v(int64_t b) const { return v_layer + table[b] * block_stride + head_offset; }
-  void PrefetchBlock(int64_t b) const {  // the block lies anywhere in the pool: ask for it ahead of its use
-    Prefetch(k(b), block_elems);
-    Prefetch(v(b), block_elems);
-  }
-};
-
-template <typename T>
-ItemBlocks<T> BlocksOf(const Item& item, const Shapes& sh, const T* k_layer, const T* v_layer, const int32_t* tables,
-                       int64_t B, int64_t D) {
-  return {k_layer, v_layer, tables + item.seq * sh.max_blocks, item.head * B * D, sh.num_kv_heads * B * D, B * D};
-}
-
 // Per-thread buffers, reused from item to item.
 struct Scratch {
   std::vector<float> q, acc, m, denom, scores, k, v;
@@ -322,11 +302,16 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
     for (int64_t i = 0; i < G * D; ++i) buf.q[t * G * D + i] = src[i] * opt.sm_scale;
   }
 
-  const ItemBlocks<T> blocks = BlocksOf(item, sh, k_layer, v_layer, tables, B, D);
+  const int64_t head_stride = B * D, block_stride = sh.num_kv_heads * head_stride;
   for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
-    if ((b + 1) * B < kv_end) blocks.PrefetchBlock(b + 1);
-    const float* k = BlockAsFloat(blocks.k(b), B * D, buf.k);
-    const float* v = BlockAsFloat(blocks.v(b), B * D, buf.v);
+    const int64_t block = tables[item.seq * sh.max_blocks + b];
+    if ((b + 1) * B < kv_end) {  // the next block lies anywhere in the pool: ask for it now
+      const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
+      Prefetch(k_layer + next, B * D);
+      Prefetch(v_layer + next, B * D);
+    }
+    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * D, buf.k);
+    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * D, buf.v);
     const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
     for (int64_t t = 0; t < item.count; ++t) {
       const int64_t end = std::min(keys, first_pos + t + 1 - b * B);  // causal: up to the query's position
@@ -393,11 +378,16 @@ void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T
     for (int64_t d = 0; d < kD; ++d) dst[d * kLanes] = src[d] * opt.sm_scale;
   }
 
-  const ItemBlocks<T> blocks = BlocksOf(item, sh, k_layer, v_layer, tables, B, kD);
+  const int64_t head_stride = B * kD, block_stride = sh.num_kv_heads * head_stride;
   for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
-    if ((b + 1) * B < kv_end) blocks.PrefetchBlock(b + 1);
-    const float* k = BlockAsFloat(blocks.k(b), B * kD, buf.k);
-    const float* v = BlockAsFloat(blocks.v(b), B * kD, buf.v);
+    const int64_t block = tables[item.seq * sh.max_blocks + b];
+    if ((b + 1) * B < kv_end) {  // the next block lies anywhere in the pool: ask for it now
+      const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
+      Prefetch(k_layer + next, B * kD);
+      Prefetch(v_layer + next, B * kD);
+    }
+    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * kD, buf.k);
+    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * kD, buf.v);
     const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
     for (int64_t group = 0; group < groups; ++group) {
       const int64_t first_vec = group * kLanes, last_vec = std::min(num_vectors, first_vec + kLanes) - 1;
