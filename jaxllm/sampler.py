@@ -14,8 +14,9 @@ NUM_CANDIDATES logits (lax.top_k) when the kept set lies within them, else found
 the whole row, BISECT_ROWS rows at a time and only for the rows that need it.
 
 What a batch needs is decided at run time (lax.cond), not by the compiler: an all-greedy batch with no adjustment,
-bitmask or logprobs is one argmax, an all-greedy batch skips the noise and the filters, a batch without top-k/top-p/min-p skips the filters, one without adjustments skips them, one
-without logprobs skips the log-softmax. So one program per logits shape serves every mix of requests, and its
+bitmask or logprobs is one argmax, an all-greedy batch skips the noise and the filters, a batch without
+top-k/top-p/min-p skips the filters, one without adjustments skips them, one without logprobs skips the
+log-softmax. So one program per logits shape serves every mix of requests, and its
 outputs have fixed shapes: logprob fields are zeros when no row asked for them.
 
 The noise is a keyed integer hash of (row key, token id); the row key is derived with jax.random from

@@ -44,9 +44,10 @@ def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFE
 def gated_mlp_sums(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
                    activation: str = "silu") -> jax.Array:
     """down(act(gate(x)) * up(x)) as the down projection's float32 sums [T, H]: SwiGLU (silu) or GeGLU (gelu_tanh);
-    x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]. In a 16-bit dtype the activation and the product each round once, computed in
-    float32 (as torch's kernels do): jnp ops on 16-bit arrays would round after every primitive of the activation,
-    which costs a conversion pair each on CPU and drifts further from the checkpoint's own arithmetic."""
+    x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]. In a 16-bit dtype the activation and the
+    product each round once, computed in float32 (as torch's kernels do): jnp ops on 16-bit arrays would round after
+    every primitive of the activation, which costs a conversion pair each on CPU and drifts further from the
+    checkpoint's own arithmetic."""
     gate_up = weights.dot(x, w_gate_up, kernels)  # [T, 2F] float32
     if (kernels.silu_and_mul == "cpu" and activation == "silu" and x.dtype == jnp.bfloat16
             and math.prod(x.shape[:-1]) >= SILU_KERNEL_MIN_ROWS):
