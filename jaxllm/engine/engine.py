@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 import numbers
 import time
@@ -60,6 +61,7 @@ from jaxllm.spec_decode.config import SpeculativeConfig
 from jaxllm.spec_decode.draft_model import DraftProposer, check_draft, check_draft_parallel
 from jaxllm.structured_outputs.compiler import GrammarCompiler
 from jaxllm.structured_outputs.params import StructuredOutputsConfig
+from jaxllm.structured_outputs.budget_closing import BudgetCloser
 from jaxllm.structured_outputs.request_state import ReasoningGate, RequestGrammar, step_bitmask
 
 logger = logging.getLogger(__name__)
@@ -179,7 +181,8 @@ class LLMEngine:
                             eos_token_ids=self.eos_token_ids, sample_index=i, ranked=params.ranks_sequences,
                             rng_stream=next(self._rng_streams), lora_int_id=lora_int_id,
                             grammar=None if compiled is None else RequestGrammar(
-                                compiled, self._reasoning_gate(params.structured_outputs, token_ids)))
+                                compiled, self._reasoning_gate(params.structured_outputs, token_ids),
+                                self._budget_closer(params.structured_outputs)))
                     for i in range(num_sequences)]
         for child in children[1:]:
             child.wait_for = children[0]  # siblings reuse the first one's prompt blocks via the prefix cache
@@ -204,6 +207,13 @@ class LLMEngine:
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         return self._grammars.submit(self.structured_outputs_config.apply(params.structured_outputs))
+
+    def _budget_closer(self, constraint) -> BudgetCloser | None:
+        """A forced tool call's closer (its JSON finished within the budget); None for other constraints."""
+        if not constraint.close_within_budget or constraint.kind != "json":
+            return None
+        schema = constraint.json if isinstance(constraint.json, dict) else json.loads(constraint.json)
+        return BudgetCloser(schema, self._grammars.token_bytes())
 
     def _reasoning_gate(self, constraint, prompt_ids: list[int]) -> ReasoningGate | None:
         """The gate holding a constraint back while the output reasons (None: it applies from the start). Open
@@ -317,7 +327,8 @@ class LLMEngine:
         sampled = [r for c, r in zip(out.chunks, self.scheduler.scheduled_requests(out)) if c.samples]
         proposals = [list(out.scheduled_spec_decode_tokens.get(r.request_id, ())) for r in sampled]
         grammars = [None if r.status.finished else r.grammar for r in sampled]
-        self.runner.sample(inflight, step_bitmask(grammars, proposals, self.runner.bitmask_width))
+        budgets = [r.length_limit - r.num_tokens for r in sampled]  # this step's token included
+        self.runner.sample(inflight, step_bitmask(grammars, proposals, self.runner.bitmask_width, budgets))
 
     def _grammar_failures(self) -> list[RequestOutput]:
         """Outputs (finish_reason "abort") of requests whose grammar could not be compiled."""

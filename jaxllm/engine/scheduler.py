@@ -474,6 +474,13 @@ class Scheduler:
         return False
 
     def _stop_status(self, request: Request) -> tuple[RequestStatus | None, int | None]:
+        status, reason = self._stop_status_by_rules(request)
+        if status == RequestStatus.FINISHED_STOPPED and request.grammar is not None \
+                and request.grammar.closed_by_budget:  # the budget forced its output's end
+            return RequestStatus.FINISHED_LENGTH, None
+        return status, reason
+
+    def _stop_status_by_rules(self, request: Request) -> tuple[RequestStatus | None, int | None]:
         params = request.sampling_params
         token = request.output_token_ids[-1]
         num_output = len(request.output_token_ids)

@@ -3,7 +3,8 @@
 xgrammar compiles a parsed grammar against the tokenizer's vocabulary (which tokens can follow which grammar
 state); the result is shared by every request with the same constraint text (StructuredOutputsParams.key).
 submit() returns at once with a Future; the scheduler admits the request when it is done, so the engine never
-waits for a compile. The vocabulary's token table (TokenizerInfo) is built at the first submit.
+waits for a compile. The vocabulary's token table (TokenizerInfo) is built at the first submit; token_bytes() gives
+the same vocabulary as bytes (a forced tool call's BudgetCloser splits its closing into tokens with it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from jaxllm import optional_deps
+from jaxllm.structured_outputs.budget_closing import TokenBytes
 from jaxllm.structured_outputs.params import StructuredOutputsParams
 
 CACHE_SIZE = 1024  # compiled grammars kept (least recently used dropped first)
@@ -25,7 +27,8 @@ class GrammarCompiler:
         if tokenizer is None:
             raise ValueError("structured outputs need a tokenizer; this engine runs without one")
         self._tokenizer, self.vocab_size, self._stop_token_ids = tokenizer, vocab_size, list(stop_token_ids)
-        self._compiler = None
+        self._compiler = self._info = None
+        self._token_bytes: Future | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self._cache: collections.OrderedDict[tuple, Future] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -44,6 +47,17 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return future
 
+    def token_bytes(self) -> Future:
+        """The vocabulary as bytes (TokenBytes), as a Future: built once, on the compile thread."""
+        with self._lock:
+            if self._token_bytes is None:
+                self._token_bytes = self._pool.submit(self._build_token_bytes)
+            return self._token_bytes
+
+    def _build_token_bytes(self) -> TokenBytes:
+        self._xgrammar_compiler()  # builds the TokenizerInfo
+        return TokenBytes(self._info.decoded_vocab, self._info.special_token_ids)
+
     def _compile(self, grammar):
         return self._xgrammar_compiler().compile_grammar(grammar)
 
@@ -52,7 +66,7 @@ class GrammarCompiler:
             xgr = optional_deps.require("xgrammar", optional_deps.STRUCTURED_OUTPUTS)
             info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self._stop_token_ids)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+            self._compiler, self._info = xgr.GrammarCompiler(info, max_threads=2), info
         return self._compiler
 
     def shutdown(self) -> None:

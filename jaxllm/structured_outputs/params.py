@@ -54,6 +54,8 @@ class StructuredOutputsParams:
         self.source_field = "structured_outputs"  # the request field it came from (a server's errors name it)
         self.reasoning_end: str | None = None  # the constraint applies after this text in the output (a server's
         #                                        reasoning parser's end marker, "</think>"): the answer only
+        self.close_within_budget = False  # a JSON schema's output is closed before max_tokens or the context
+        #                                   ends it (a forced tool call: budget_closing.py)
 
     @property
     def kind(self) -> str:
@@ -161,7 +163,8 @@ class StructuredOutputsConfig:
         """params with this config's defaults (params itself when they change nothing: its parse is kept)."""
         if self.disable_any_whitespace and not params.disable_any_whitespace:
             changed = dataclasses.replace(params, disable_any_whitespace=True)
-            changed.source_field, changed.reasoning_end = params.source_field, params.reasoning_end
+            for name in ("source_field", "reasoning_end", "close_within_budget"):
+                setattr(changed, name, getattr(params, name))
             return changed
         return params
 

@@ -95,16 +95,20 @@ def test_required_tool_choice_gives_valid_calls(tool_server):
         assert len(calls) == 1
 
 
-def test_required_calls_cut_by_max_tokens_come_back_as_far_as_generated(tool_server):
-    """Several calls allowed: the random model goes on adding calls until max_tokens; the calls begun come back
-    (the last one's arguments cut), the same streamed and not (finish_reason "length" says why)."""
-    body = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 30, "temperature": 0}
-    choice = post(tool_server, body).json()["choices"][0]
-    calls = choice["message"]["tool_calls"]
-    assert choice["finish_reason"] == "length" and calls
-    assert all(call["function"]["name"] in ("get_weather", "add") for call in calls)
-    message, finish = streamed(tool_server, body)
-    assert finish == "length" and [c["function"] for c in message["tool_calls"]] == [c["function"] for c in calls]
+def test_required_calls_are_closed_within_max_tokens(tool_server):
+    """Several calls allowed: the random model goes on adding calls; before max_tokens runs out the server closes
+    the JSON, so every call comes back whole and valid, the same streamed and not (finish_reason "length": the
+    budget ended the reply)."""
+    for max_tokens in (30, 45, 60):
+        body = {"tools": TOOLS, "tool_choice": "required", "max_tokens": max_tokens, "temperature": 0}
+        reply = post(tool_server, body).json()
+        choice = reply["choices"][0]
+        calls = choice["message"]["tool_calls"]
+        assert choice["finish_reason"] == "length" and reply["usage"]["completion_tokens"] <= max_tokens
+        check_calls(calls)
+        message, finish = streamed(tool_server, body)
+        assert finish == "length" and [c["function"] for c in message["tool_calls"]] == \
+            [c["function"] for c in calls]
 
 
 def test_a_named_function_is_called(tool_server):

@@ -70,6 +70,7 @@ class ChatServing(ServingBase):
                                   "tool_choice")
             constraint = StructuredOutputsParams(json=schema, disable_any_whitespace=True)  # compact: no runaway
             constraint.source_field = "tools"                                                # whitespace
+            constraint.close_within_budget = True  # the calls end complete even where the budget cuts the reply
             params.structured_outputs = self.structured_outputs_config.apply(constraint)
         if params.structured_outputs is not None and reader is not None and reader.reasoning is not None \
                 and reader.enable_thinking:
