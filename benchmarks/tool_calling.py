@@ -18,8 +18,9 @@ How to read it:
                 client that leaves sampling to the server), through the openai client. A reply is valid when it
                 has calls, every call's arguments json.loads, names a declared tool (the named one when named,
                 one call at most with parallel_tool_calls=false) and validates against that tool's parameters
-                (jsonschema), and it did not stop at max_tokens: a reply cut by max_tokens (or, with
-                --max-tokens unset, by the end of the context) counts as invalid, whatever came back.
+                (jsonschema). A reply that reached max_tokens (or, with --max-tokens unset, the end of the
+                context) has finish_reason "length" (the finish reasons column): the server closes a forced
+                call's JSON within that budget, and the reply is judged by its calls as any other.
   langchain     ChatOpenAI(base_url=...).bind_tools(tools, tool_choice="required") on a subset, temperature 0
                 (--langchain-temperature unset: ChatOpenAI's default, none sent); valid as above, read from
                 AIMessage.tool_calls (invalid_tool_calls must be empty).
@@ -242,8 +243,12 @@ def call_problem(name: str, arguments: str | dict, tools: list[dict], named: str
 
 def reply_problem(calls: list[tuple[str, str | dict]], finish: str | None, tools: list[dict], *,
                   named: str | None = None, single: bool = False) -> str | None:
-    if finish == "length":
-        return "cut by max_tokens"
+    problem = _calls_problem(calls, tools, named=named, single=single)
+    return f"cut by max_tokens: {problem}" if problem and finish == "length" else problem
+
+
+def _calls_problem(calls: list[tuple[str, str | dict]], tools: list[dict], *, named: str | None,
+                   single: bool) -> str | None:
     if not calls:
         return "no calls"
     if single and len(calls) > 1:
