@@ -121,7 +121,8 @@ def valid(text: str) -> bool:
 def test_a_random_model_s_forced_calls_end_valid_where_the_budget_cuts_them(model):
     """The tiny random model writes strings that never close: cut at max_tokens, its forced calls are invalid
     JSON; closed within the budget, every one parses and follows the schema, finish_reason "length". Far from
-    the budget (the tokens before the last WINDOW) the outputs are the model's own."""
+    the budget (the tokens before the last WINDOW) the outputs are the model's own. Speculative decoding (its
+    proposal rows each with their own budget) gives the same outputs."""
     llm = LLM(model, max_model_len=256, block_size=8, max_num_seqs=8)
     plain = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     cut = run(llm, plain, max_tokens=100)
@@ -135,3 +136,8 @@ def test_a_random_model_s_forced_calls_end_valid_where_the_budget_cuts_them(mode
             assert after.token_ids == before.token_ids and after.finish_reason == before.finish_reason
         else:
             assert after.finish_reason == "length"
+    speculating = LLM(model, max_model_len=256, block_size=8, max_num_seqs=8,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
+    assert [o.token_ids for o in run(speculating, forced_schema(), max_tokens=100)] == [o.token_ids for o in closed]
+    stats = speculating.engine.stats()
+    assert stats["spec_decode_num_draft_tokens"] > 0 and stats["spec_decode_num_accepted_tokens"] > 0, stats
