@@ -19,8 +19,9 @@ next, a writer may begin another item or member, a longer key or enum value, ano
 another call, if the array may hold one). A caller that must end the document within a budget starts closing while
 that still fits.
 
-What it does not know how to satisfy (a pattern or format a string must match, allOf, prefixItems, a required
-property the schema does not describe) gives None: the caller then leaves the output to the model. The closing is
+A pattern string is finished by the first characters found (depth first) that let it match whole, a format's
+minimal value is a fixed example ("2000-01-01" for a date). What it does not know how to satisfy (a format string
+begun, an unknown format, allOf, prefixItems, a required property the schema does not describe) gives None: the caller then leaves the output to the model. The closing is
 a proposal: the caller checks it against the grammar before using it.
 """
 
@@ -30,7 +31,10 @@ import copy
 import json
 import math
 import re
+import string
 from typing import Any
+
+import regex
 
 _WHITESPACE = b" \t\n\r"
 _SEPARATORS = (", ", ": ")  # what xgrammar's one-line JSON writes (any_whitespace off), and allows with it on
@@ -41,6 +45,11 @@ _STRING_STOP = re.compile(rb'["\\]')
 _COMPLETE_NUMBER = re.compile(rb"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _ESCAPE_TAIL = re.compile(rb"(\\+)(u[0-9a-fA-F]{0,3})?$")
 _MAX_DEPTH = 32  # $ref chains and nested minimal values
+_PATTERN_CHARACTERS = string.ascii_letters + string.digits + " -_.,:/@+#"  # tried, in order, to finish a pattern
+_PATTERN_SEARCH_STEPS = 400  # partial matches tried before a pattern string is given up
+_FORMAT_EXAMPLES = {"date": "2000-01-01", "time": "00:00:00Z", "date-time": "2000-01-01T00:00:00Z",
+                    "email": "a@example.com", "uuid": "00000000-0000-0000-0000-000000000000", "ipv4": "0.0.0.0",
+                    "ipv6": "::", "hostname": "a", "uri": "http://a"}  # minimal values of string formats
 _CONTAINER = object()  # the value of a closed object or array (only scalars are kept)
 
 
@@ -488,8 +497,12 @@ def _minimal_of(root: dict, schema: dict, depth: int) -> bytes | None:
         item = None if "prefixItems" in schema else _minimal(root, schema.get("items", {}), depth + 1)
         return None if item is None else b"[" + _COMMA.join([item] * count) + b"]"
     if kind == "string":
-        if "pattern" in schema or "format" in schema:
-            return None
+        if "format" in schema:
+            example = _FORMAT_EXAMPLES.get(schema["format"])
+            return None if example is None else _encodings(example)[0]
+        if "pattern" in schema:
+            rest = _pattern_rest(schema["pattern"], "")
+            return None if rest is None else _encodings(rest)[0]
         return b'"' + b"a" * schema.get("minLength", 0) + b'"'
     if kind == "number":
         return _minimal_number(schema)
@@ -530,14 +543,47 @@ def _string_finishes(root: dict, raw: bytes, schema: Any) -> list[bytes]:
         if values is not None:
             finishes += [encoded[len(raw):] for value in values if isinstance(value, str)
                          for encoded in _encodings(value) if encoded.startswith(raw)]
-        elif _kind_of(alt) in ("string", None) and "pattern" not in alt and "format" not in alt:
+        elif _kind_of(alt) in ("string", None) and "format" not in alt:
             rest = _string_tail(raw)
             try:
-                length = len(json.loads(raw + rest + b'"'))
+                begun = json.loads(raw + rest + b'"')
             except ValueError:
                 continue
-            finishes.append(rest + b"a" * max(0, alt.get("minLength", 0) - length) + b'"')
+            if "pattern" in alt:
+                more = _pattern_rest(alt["pattern"], begun)
+                if more is not None:
+                    finishes.append(rest + _encodings(more)[0][1:])  # its characters as JSON, then the quote
+            else:
+                finishes.append(rest + b"a" * max(0, alt.get("minLength", 0) - len(begun)) + b'"')
     return finishes
+
+
+def _pattern_rest(pattern: str, begun: str) -> str | None:
+    """Characters that make begun + them match pattern whole, found depth first (the first character of
+    _PATTERN_CHARACTERS that keeps a match possible, then the next); None when none is found."""
+    try:
+        compiled = regex.compile(pattern)
+    except regex.error:
+        return None
+    steps = [0]
+
+    def extend(text: str) -> str | None:
+        if compiled.fullmatch(text):
+            return text
+        for char in _PATTERN_CHARACTERS:
+            steps[0] += 1
+            if steps[0] > _PATTERN_SEARCH_STEPS or len(text) > len(begun) + 64:
+                return None
+            if compiled.fullmatch(text + char, partial=True):
+                found = extend(text + char)
+                if found is not None:
+                    return found
+        return None
+
+    if not compiled.fullmatch(begun, partial=True):
+        return None
+    found = extend(begun)
+    return None if found is None else found[len(begun):]
 
 
 def _string_tail(raw: bytes) -> bytes:

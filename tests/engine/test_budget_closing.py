@@ -84,6 +84,39 @@ def test_a_reply_cut_anywhere_is_closed_by_grammar_tokens_within_its_budget(toke
     assert num_closed > len(ids) // 2
 
 
+def test_random_walks_through_every_benchmark_tool_set_are_closed_within_their_budget(tokenizer):
+    """A writer of random allowed tokens (what a confused model may do) under the forced schemas of the tool
+    calling benchmark's 24 tool sets (patterns, $refs, enums, bounds, nested objects and arrays), required and
+    named, each walk with the budget its empty reply's closing needs plus a random number of free tokens: every
+    reply ends complete within its budget and valid under its schema."""
+    from tests.benchmarks.scripts import load_script
+    from jaxllm.structured_outputs.json_closing import JsonPrefix
+    from jaxllm.tool_calling import named_schema, required_schema
+
+    compiler = GrammarCompiler(tokenizer, VOCAB, (tokenizer.eos_token_id,))
+    vocab = compiler.token_bytes().result()
+    rng = np.random.default_rng(0)
+    mask = np.zeros((1, -(-VOCAB // 32)), np.int32)
+    for tools, _ in load_script("tool_calling").TOOL_SETS:
+        for schema in (required_schema(tools), named_schema(tools, tools[0]["function"]["name"])):
+            compiled = compiler.submit(forced_schema(schema))
+            needed = len(vocab.split(JsonPrefix(schema).closing()))
+            for _ in range(3):
+                grammar = RequestGrammar(compiled, closer=BudgetCloser(schema, compiler.token_bytes()))
+                written = []
+                for budget in range(needed + 2 + int(rng.integers(0, 60)), 0, -1):
+                    if grammar.matcher.is_completed():
+                        break
+                    grammar.fill(mask, 0, budget)
+                    allowed = allowed_tokens(mask[0])
+                    token = int(rng.choice(allowed[allowed != tokenizer.eos_token_id]))
+                    assert grammar.accept(token)
+                    written.append(token)
+                text = tokenizer.decode(written)
+                assert grammar.matcher.is_completed(), text
+                jsonschema.validate(json.loads(text), schema)
+
+
 def test_nothing_is_forced_before_the_window_nor_without_the_vocabulary(tokenizer):
     compiler = GrammarCompiler(tokenizer, VOCAB, (tokenizer.eos_token_id,))
     compiled = compiler.submit(forced_schema())

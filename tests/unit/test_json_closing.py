@@ -96,10 +96,29 @@ def test_the_shortest_closing(prefix, closing):
         jsonschema.validate(json.loads(prefix + found), SCHEMA)
 
 
+CODES = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
+                                         "when": {"type": "string", "format": "date"}}, "required": ["code", "when"]}
+
+
+@pytest.mark.parametrize("prefix, closing", [
+    (b"", b'{"code": "AA000", "when": "2000-01-01"}'),
+    (b'{"code": "Q', b'A000", "when": "2000-01-01"}'),
+    (b'{"code": "QZ12', b'0", "when": "2000-01-01"}'),
+    (b'{"code": "QZ123', b'", "when": "2000-01-01"}'),
+])
+def test_a_pattern_is_finished_and_a_format_has_an_example(prefix, closing):
+    found = fed(CODES, prefix, random.Random(3)).closing()
+    assert found == closing
+    jsonschema.Draft202012Validator(CODES, format_checker=jsonschema.FormatChecker()).validate(
+        json.loads(prefix + found))
+
+
 @pytest.mark.parametrize("schema, prefix", [
     ({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["code"]},
-     b'{"code": "A'),
-    ({"type": "object", "properties": {"when": {"type": "string", "format": "date"}}, "required": ["when"]}, b"{"),
+     b'{"code": "a'),  # not a beginning the pattern allows (the grammar would not have written it)
+    ({"type": "object", "properties": {"when": {"type": "string", "format": "date"}}, "required": ["when"]},
+     b'{"when": "20'),  # a format string begun
+    ({"type": "object", "properties": {"when": {"type": "string", "format": "ipv7"}}, "required": ["when"]}, b"{"),
     ({"type": "object", "properties": {"a": {"allOf": [{"type": "integer"}]}}, "required": ["a"]}, b'{"a": '),
     ({"type": "object", "properties": {}, "required": ["hidden"]}, b"{"),
     ({"type": "integer", "minimum": 5, "maximum": 3}, b""),
