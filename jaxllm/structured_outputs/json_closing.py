@@ -28,6 +28,7 @@ a proposal: the caller checks it against the grammar before using it.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -558,6 +559,7 @@ def _string_finishes(root: dict, raw: bytes, schema: Any) -> list[bytes]:
     return finishes
 
 
+@functools.lru_cache(maxsize=4096)
 def _pattern_rest(pattern: str, begun: str) -> str | None:
     """Characters that make begun + them match pattern whole, found depth first (the first character of
     _PATTERN_CHARACTERS that keeps a match possible, then the next); None when none is found."""
