@@ -8,7 +8,9 @@
     {"type": "function",                the output is the named function's arguments object
      "function": {"name": "get_weather"}}  {"city": "Paris"}
 
-required_schema() / named_schema() build the schemas from the request's tools (validated first: tools.py);
+required_schema() / named_schema() build the schemas from the request's tools (validated first: tools.py); the
+server marks the constraint close_within_budget, so that near the end of max_tokens or the context the output's JSON
+is closed by forced tokens (structured_outputs/budget_closing.py) and every call comes back whole;
 RequiredToolParser / NamedToolParser read an output back into calls, whole or as it streams (the name first,
 then the arguments in pieces, as the auto parsers do).
 """
