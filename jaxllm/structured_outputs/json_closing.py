@@ -136,7 +136,7 @@ class JsonPrefix:
             if char == '"':
                 self._scalar, self._scalar_kind = bytearray(b'"'), "key"
             elif char == "}" and top.expect == "key_or_end":
-                self._pop(top)
+                self._pop()
             else:
                 self.failed = True
         elif char == ":" and top is not None and top.expect == "colon":
@@ -144,9 +144,9 @@ class JsonPrefix:
         elif char == "," and top is not None and top.expect == "after":
             top.expect = "key" if top.kind == "object" else "value"
         elif char == "}" and top is not None and top.kind == "object" and top.expect == "after":
-            self._pop(top)
+            self._pop()
         elif char == "]" and top is not None and top.kind == "array" and top.expect in ("after", "value_or_end"):
-            self._pop(top)
+            self._pop()
         elif self._expects_value(top):
             self._begin_value(char)
         else:
@@ -165,7 +165,8 @@ class JsonPrefix:
         if char == "{":
             self._frames.append(_Frame("object", _alternatives(self._root, schema, "object")))
         elif char == "[":
-            self._frames.append(_Frame("array", [_resolve(self._root, schema)]))
+            resolved = _resolve(self._root, schema)
+            self._frames.append(_Frame("array", [resolved if isinstance(resolved, dict) else {}]))
         elif char == '"':
             self._scalar, self._scalar_kind = bytearray(b'"'), "string"
         elif char == "-" or char.isdigit():
@@ -190,7 +191,7 @@ class JsonPrefix:
         else:
             self._value_done(value)
 
-    def _pop(self, frame: _Frame) -> None:
+    def _pop(self) -> None:
         self._frames.pop()
         self._value_done(_CONTAINER)
 

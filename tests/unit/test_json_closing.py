@@ -128,6 +128,15 @@ def test_what_it_cannot_satisfy_gives_none(schema, prefix):
         is None
 
 
+def test_items_of_any_kind_and_a_dangling_ref_are_read():
+    anything = {"type": "object", "properties": {"xs": {"type": "array", "items": True, "minItems": 2}},
+                "required": ["xs"]}
+    assert fed(anything, b'{"xs": [1, "a', random.Random(4)).closing() == b'"]}'
+    assert fed(anything, b'{"xs": [', random.Random(4)).closing() == b'null, null]}'
+    dangling = {"type": "object", "properties": {"xs": {"$ref": "#/nothing"}}, "required": ["xs"]}
+    assert fed(dangling, b'{"xs": [', random.Random(4)).closing() == b"]}"
+
+
 def test_a_byte_out_of_place_gives_none():
     prefix = JsonPrefix({"type": "object", "properties": {"a": {"type": "integer"}}})
     prefix.feed(b'{"a": 1]')
