@@ -5,10 +5,10 @@ whatever the model; but a model may write a string argument that never closes (a
 sometimes does), and max_tokens or the end of the context then cuts the call. So in the last WINDOW tokens of the
 budget the closer works out the shortest closing of the JSON written so far (json_closing.py), as tokens of the
 vocabulary, and the longest closing the model's next token could lead to (it may begin another call or argument
-instead of closing: JsonPrefix.longest_closing). Once that would no longer fit with MARGIN tokens to spare, each
-step is forced to the shortest closing's next token (checked against the grammar; the token bitmask allows that
-token alone). The reply then ends with its calls
-complete and valid, and the request finishes with finish_reason "length": the budget, not the model, ended it.
+instead of closing: JsonPrefix.closings). Once that would no longer fit with MARGIN tokens to spare, each step is
+forced to the shortest closing's next token (checked against the grammar; the token bitmask allows that token
+alone). The reply then ends with its calls complete and valid, and the request finishes with finish_reason
+"length": the budget, not the model, ended it.
 
 A closing longer than the tokens left is never started (the reply is cut as before), and nothing changes while the
 budget is far: a reply that ends by itself before the last WINDOW tokens is the model's own.
@@ -74,10 +74,11 @@ class BudgetCloser:
             return None
         vocab = self._vocab.result()
         self._read(accepted, vocab)
-        closing = _split(vocab, self._prefix.closing())
+        found = self._prefix.closings()
+        closing = None if found is None else vocab.split(found[0])
         if not closing or len(closing) > budget:
             return None  # complete, not closable, or too long to fit: the model's choice
-        longest = _split(vocab, self._prefix.longest_closing()) or closing
+        longest = vocab.split(found[1]) or closing
         if max(len(closing), len(longest)) + MARGIN < budget:
             return None  # room for the model's next token, whatever it begins
         if not _grammar_takes(matcher, closing):
@@ -90,10 +91,6 @@ class BudgetCloser:
             self._prefix, self._num_read = JsonPrefix(self._schema), 0
         self._prefix.feed(vocab.join(accepted[self._num_read:]))
         self._num_read = len(accepted)
-
-
-def _split(vocab: TokenBytes, data: bytes | None) -> list[int] | None:
-    return None if data is None else vocab.split(data)
 
 
 def _grammar_takes(matcher, tokens: list[int]) -> bool:

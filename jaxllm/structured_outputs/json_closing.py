@@ -3,7 +3,7 @@
     prefix = JsonPrefix(schema)  # tool_choice "required" over search(query) and get_weather(city)
     prefix.feed(b'[{"name": "search", "parameters": {"query": "cheap fl')  # bytes, in any number of pieces
     prefix.closing()  ->  b'"}}]'                                          # None: no way found
-    prefix.longest_closing()  ->  b'"}}, {"name": "get_weather", "parameters": {"city": ""}}]'
+    prefix.closings()[1]  ->  b'"}}, {"name": "get_weather", "parameters": {"city": ""}}]'   # the longest
 
 The prefix is what a grammar built from the schema has accepted so far (xgrammar's JSON-schema grammar), so it is
 read, not validated: open objects and arrays on a stack, the key being written, a string, number or literal in
@@ -14,7 +14,7 @@ minItems, its closing bracket. Minimal values: a const or the first enum value, 
 "" (padded to minLength), [] (filled to minItems), {} with the required properties; written with xgrammar's
 one-line separators (", " and ": ").
 
-longest_closing() is the longest closing the writer's next few bytes may lead to: instead of what closing() writes
+closings() adds the longest closing the writer's next few bytes may lead to: instead of what closing() writes
 next, a writer may begin another item or member, a longer key or enum value, another alternative (the example:
 another call, if the array may hold one). A caller that must end the document within a budget starts closing while
 that still fits.
@@ -227,11 +227,11 @@ class JsonPrefix:
         within `limit` bytes."""
         return self._close(limit)
 
-    def longest_closing(self, reach: int = 8, limit: int = 512) -> bytes | None:
-        """The longest closing the document may need after the writer's next few bytes: along the shortest
-        closing, within `reach` bytes of it, the writer may instead begin something the closing skips (another
-        item or member, a key other than the closing's, a longer alternative of an array's items), and
-        finishing that takes its minimal value too. None when closing() is."""
+    def closings(self, reach: int = 8, limit: int = 512) -> tuple[bytes, bytes] | None:
+        """(closing(), the longest closing the document may need after the writer's next few bytes), found in one
+        pass: along the shortest closing, within `reach` bytes of it, the writer may instead begin something the
+        closing skips (another item or member, a key other than the closing's, a longer alternative of an array's
+        items), and finishing that takes its minimal value too. None when closing() is."""
         found: list[bytes] = []
 
         def other_ways(prefix: JsonPrefix, written: bytes) -> None:
@@ -245,7 +245,7 @@ class JsonPrefix:
                     found.append(written + opening + rest)
 
         closing = self._close(limit, other_ways)
-        return None if closing is None else max([closing] + found, key=len)
+        return None if closing is None else (closing, max([closing] + found, key=len))
 
     def _close(self, limit: int, at_each_state=None) -> bytes | None:
         """closing(), calling at_each_state(prefix, bytes written so far) before each piece of it."""
