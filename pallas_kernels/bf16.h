@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
@@ -26,11 +26,13 @@ inline uint16_t FloatToBf16(float x) {  // round to nearest even; NaN stays NaN
   return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-inline __m512 Widen16(__m256i bf16) {  // 16 bfloat16 -> float32
+#ifdef __AVX512F__
+inline __m512 Widen16(__m256i bf16) {  // 16 bfloat16 -> float32 (AVX-512F alone)
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
 }
+#endif
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 inline __m256i Narrow16(__m512 x) {  // 16 float32 -> bfloat16, to nearest even
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
 }

@@ -14,7 +14,9 @@
 // Work items are (sequence, KV head, query tile): a tile holds up to kQueryTile consecutive tokens of one
 // sequence and the G = Hq / Hkv query heads that share the KV head, so each K/V block is read from the pool once
 // per tile, where it lies, and used by every query vector of the tile while it sits in L1. Items run longest
-// first on XLA's intra-op thread pool and the calling thread; each keeps an online softmax in float32.
+// first on XLA's intra-op thread pool and the calling thread; each keeps an online softmax in float32. With
+// AVX-512 and 16-key blocks, a decode row (a tile of one token) takes each K and V row once for all its G query
+// vectors (AttendRow), and a tile of 16 query vectors or more puts one in each lane (AttendItemLanes).
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +30,7 @@
 #endif
 
 #include "xla/ffi/api/ffi.h"
+#include "bf16.h"
 #include "exp16.h"
 #include "parallel_for.h"
 
@@ -58,12 +61,7 @@ struct Shapes {
 };
 
 inline float ToFloat(float x) { return x; }
-inline float ToFloat(uint16_t bf16) {  // bfloat16 bits -> float32: the high half of the float
-  uint32_t bits = static_cast<uint32_t>(bf16) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
+inline float ToFloat(uint16_t bf16) { return jaxllm::Bf16ToFloat(bf16); }
 
 // One K/V block [B, D] of one KV head, converted to float32 (a copy of the pointer for float32 pools).
 template <typename T>
@@ -224,6 +222,125 @@ inline void AttendVector16(const float* qv, const float* k, const float* v, int6
   }
   const __mmask16 visible = static_cast<__mmask16>(((1u << end) - 1) & ~((1u << begin) - 1));
   SoftmaxStep16<kD>(s, visible, v, m, denom, acc);
+}
+
+// Decode rows: the G query vectors of one token and KV head attend together, kN at a time, so that each K and V
+// row is loaded (and widened from bfloat16) once for all of them, from the block where it lies: no float32 copy of
+// the block, ~half the instructions a block of a vector a query (benchmarks/RESULTS.md).
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  return jaxllm::Widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Query vectors a decode row attends together: their accumulators and a widened V row stay in registers.
+template <int64_t kD>
+constexpr int kJointVectors = kD <= 64 ? 4 : (kD <= 128 ? 2 : 1);
+
+// kN scaled query vectors qs [kN, kD] against the keys begin .. end-1 of a [16, kD] block (k, v where they lie);
+// m, denom [kN] and acc [kN, kD] are their online softmax states. kFull: all 16 keys visible.
+template <typename T, int64_t kD, int kN, bool kFull>
+inline void AttendVectorsJoint16(const float* qs, const T* k, const T* v, int64_t begin, int64_t end,
+                                 const Options& opt, float* m, float* denom, float* acc) {
+  constexpr int kC = kD / 16;
+  if constexpr (kFull) begin = 0, end = 16;
+  __m512 s[kN];
+  {
+    __m512 partial[kN][16];
+    for (int j = 0; j < 16; ++j) {  // every row: unwritten slots' scores are masked below
+      __m512 row[kC];
+      for (int c = 0; c < kC; ++c) row[c] = Load16(k + j * kD + 16 * c);
+      for (int n = 0; n < kN; ++n) {
+        __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(qs + n * kD), row[0]);
+        for (int c = 1; c < kC; ++c) sum = _mm512_fmadd_ps(_mm512_loadu_ps(qs + n * kD + 16 * c), row[c], sum);
+        partial[n][j] = sum;
+      }
+    }
+    for (int n = 0; n < kN; ++n) s[n] = SumEach(partial[n]);
+  }
+  const __mmask16 visible = static_cast<__mmask16>(((1u << end) - 1) & ~((1u << begin) - 1));
+  alignas(64) float p[kN][16];
+  __m512 out[kN][kC];
+  for (int n = 0; n < kN; ++n) {
+    if (opt.logit_softcap > 0.0f) {
+      _mm512_store_ps(p[n], s[n]);
+      SoftCap(p[n], 16, opt.logit_softcap);
+      s[n] = _mm512_load_ps(p[n]);
+    }
+    const __m512 sn = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), s[n]);
+    const float m_new = std::max(m[n], _mm512_reduce_max_ps(sn));
+    const float alpha = m[n] == -INFINITY ? 0.0f : _mm512_cvtss_f32(Exp16(_mm512_set1_ps(m[n] - m_new)));
+    const __m512 pn = _mm512_maskz_mov_ps(visible, Exp16(_mm512_sub_ps(sn, _mm512_set1_ps(m_new))));
+    _mm512_store_ps(p[n], pn);
+    denom[n] = denom[n] * alpha + _mm512_reduce_add_ps(pn);
+    m[n] = m_new;
+    for (int c = 0; c < kC; ++c) out[n][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + n * kD + 16 * c), _mm512_set1_ps(alpha));
+  }
+  for (int64_t j = begin; j < end; ++j) {  // visible rows only: an unwritten slot may hold anything
+    __m512 row[kC];
+    for (int c = 0; c < kC; ++c) row[c] = Load16(v + j * kD + 16 * c);
+    for (int n = 0; n < kN; ++n) {
+      const __m512 pj = _mm512_set1_ps(p[n][j]);
+      for (int c = 0; c < kC; ++c) out[n][c] = _mm512_fmadd_ps(pj, row[c], out[n][c]);
+    }
+  }
+  for (int n = 0; n < kN; ++n)
+    for (int c = 0; c < kC; ++c) _mm512_storeu_ps(acc + n * kD + 16 * c, out[n][c]);
+}
+
+// The vectors first .. first + count - 1 (count <= kJointVectors<kD>) of a decode row against one block.
+template <typename T, int64_t kD, int kN = kJointVectors<kD>>
+inline void AttendVectorsJoint(int64_t count, const float* qs, const T* k, const T* v, int64_t begin, int64_t end,
+                               const Options& opt, float* m, float* denom, float* acc) {
+  if constexpr (kN > 1) {
+    if (count < kN) return AttendVectorsJoint<T, kD, kN - 1>(count, qs, k, v, begin, end, opt, m, denom, acc);
+  }
+  if (begin == 0 && end == 16)
+    AttendVectorsJoint16<T, kD, kN, true>(qs, k, v, begin, end, opt, m, denom, acc);
+  else
+    AttendVectorsJoint16<T, kD, kN, false>(qs, k, v, begin, end, opt, m, denom, acc);
+}
+
+// A work item of one query token (a decode row): its G query vectors against keys 0 (or its window's start) .. its
+// position, kJointVectors<kD> at a time, the blocks read in place.
+template <typename T, int64_t kD>
+void AttendRow(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
+               const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
+               float* out) {
+  constexpr int64_t B = 16;
+  constexpr int kN = kJointVectors<kD>;
+  const int64_t G = sh.num_q_heads / sh.num_kv_heads;
+  const int64_t token = starts[item.seq] + item.first;
+  const int64_t pos = context_lens[item.seq] - (starts[item.seq + 1] - starts[item.seq]) + item.first;
+
+  thread_local Scratch buf;
+  buf.q.resize(G * kD);
+  buf.acc.assign(G * kD, 0.0f);
+  buf.m.assign(G, -INFINITY);
+  buf.denom.assign(G, 0.0f);
+  const float* src = q + (token * sh.num_q_heads + item.head * G) * kD;
+  for (int64_t i = 0; i < G * kD; ++i) buf.q[i] = src[i] * opt.sm_scale;
+
+  const int64_t first_key = FirstKey(pos, opt.sliding_window);
+  const int64_t head_stride = B * kD, block_stride = sh.num_kv_heads * head_stride;
+  for (int64_t b = first_key / B; b * B <= pos; ++b) {
+    const int64_t block = tables[item.seq * sh.max_blocks + b];
+    if ((b + 1) * B <= pos) {  // the next block lies anywhere in the pool: ask for it now
+      const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
+      Prefetch(k_layer + next, B * kD);
+      Prefetch(v_layer + next, B * kD);
+    }
+    const T* k = k_layer + block * block_stride + item.head * head_stride;
+    const T* v = v_layer + block * block_stride + item.head * head_stride;
+    const int64_t begin = std::max<int64_t>(0, first_key - b * B), end = std::min(B, pos + 1 - b * B);
+    for (int64_t g = 0; g < G; g += kN)
+      AttendVectorsJoint<T, kD>(std::min<int64_t>(kN, G - g), &buf.q[g * kD], k, v, begin, end, opt, &buf.m[g],
+                                &buf.denom[g], &buf.acc[g * kD]);
+  }
+  float* dst = out + (token * sh.num_q_heads + item.head * G) * kD;
+  for (int64_t g = 0; g < G; ++g) {
+    const float inv = buf.denom[g] > 0.0f ? 1.0f / buf.denom[g] : 0.0f;
+    for (int64_t d = 0; d < kD; ++d) dst[g * kD + d] = buf.acc[g * kD + d] * inv;
+  }
 }
 
 // Query vectors in lanes, for tiles of many query vectors (prompt chunks): 16 query vectors at a time, one per lane,
@@ -427,6 +544,8 @@ void AttendItemSimd(const Item& item, const Shapes& sh, const float* q, const T*
                     float* out) {
   if (item.count * (sh.num_q_heads / sh.num_kv_heads) >= kLanes && opt.logit_softcap == 0.0f)
     AttendItemLanes<T, kD>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
+  else if (item.count == 1)
+    AttendRow<T, kD>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
   else
     AttendItem<T, kD, 16, true>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
 }

@@ -38,6 +38,12 @@ CASES = [
     ("prompt_lanes_g3", [(37, 37), (6, 50), (1, 9), (50, 83)], dict(num_q_heads=9, num_kv_heads=3)),
     ("prompt_lanes_d128_bf16", [(11, 11), (23, 40)],
      dict(num_q_heads=6, num_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)),
+    # decode rows attend their G query vectors together, up to 4 (head size 64), 2 (128) or 1 (256) at a time:
+    # G = 7 in groups of 4 and 3, G = 3 at 128 in 2 and 1, G = 1; full and partial blocks
+    ("decode_rows_g7", [(1, 40), (1, 16), (1, 17), (1, 1)], dict(num_q_heads=7, num_kv_heads=1)),
+    ("decode_rows_g3_d128_bf16", [(1, 33), (1, 70), (1, 5)],
+     dict(num_q_heads=6, num_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)),
+    ("decode_rows_g1", [(1, 20), (1, 48)], dict(num_q_heads=2, num_kv_heads=2)),
 ]
 
 
