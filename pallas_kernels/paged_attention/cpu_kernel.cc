@@ -4,6 +4,7 @@
 //
 //   q [T, Hq, D] float32, k_pool / v_pool [L, N, Hkv, B, D] float32 or bfloat16, layer [] int32,
 //   block_tables [S, MB] int32, context_lens [S] int32, query_start_loc [S+1] int32  ->  out [T, Hq, D] float32
+//   or bfloat16 (rounded to nearest even from the float32 result)
 //
 // Sequence s owns the query tokens query_start_loc[s] .. query_start_loc[s+1], its last q_len tokens; query i sits
 // at position context_lens[s] - q_len + i and sees the keys 0 .. that position. Tokens past query_start_loc[S]
@@ -58,6 +59,18 @@ struct Shapes {
   int64_t num_tokens, num_q_heads, head_dim;  // q: [T, Hq, D]
   int64_t num_blocks, num_kv_heads, block_size;  // pool: [L, N, Hkv, B, D]
   int64_t max_blocks;  // block tables: [S, MB]
+};
+
+// The result [T, Hq, D], float32 or bfloat16 (each value rounded once, to nearest even).
+struct Output {
+  void* data;
+  bool bf16;
+  void Put(int64_t index, float x) const {
+    if (bf16)
+      static_cast<uint16_t*>(data)[index] = jaxllm::FloatToBf16(x);
+    else
+      static_cast<float*>(data)[index] = x;
+  }
 };
 
 inline float ToFloat(float x) { return x; }
@@ -305,7 +318,7 @@ inline void AttendVectorsJoint(int64_t count, const float* qs, const T* k, const
 template <typename T, int64_t kD>
 void AttendRow(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
-               float* out) {
+               const Output& out) {
   constexpr int64_t B = 16;
   constexpr int kN = kJointVectors<kD>;
   const int64_t G = sh.num_q_heads / sh.num_kv_heads;
@@ -336,10 +349,10 @@ void AttendRow(const Item& item, const Shapes& sh, const float* q, const T* k_la
       AttendVectorsJoint<T, kD>(std::min<int64_t>(kN, G - g), &buf.q[g * kD], k, v, begin, end, opt, &buf.m[g],
                                 &buf.denom[g], &buf.acc[g * kD]);
   }
-  float* dst = out + (token * sh.num_q_heads + item.head * G) * kD;
+  const int64_t dst = (token * sh.num_q_heads + item.head * G) * kD;
   for (int64_t g = 0; g < G; ++g) {
     const float inv = buf.denom[g] > 0.0f ? 1.0f / buf.denom[g] : 0.0f;
-    for (int64_t d = 0; d < kD; ++d) dst[g * kD + d] = buf.acc[g * kD + d] * inv;
+    for (int64_t d = 0; d < kD; ++d) out.Put(dst + g * kD + d, buf.acc[g * kD + d] * inv);
   }
 }
 
@@ -398,7 +411,7 @@ inline void AttendLanes16(const float* qt, const float* k, const float* v, int64
 template <typename T, int64_t kD, int64_t kB, bool kSimd = false>
 void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                 const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
-                float* out) {
+                const Output& out) {
   const int64_t D = kD > 0 ? kD : sh.head_dim, B = kB > 0 ? kB : sh.block_size;
   const int64_t G = sh.num_q_heads / sh.num_kv_heads;
   const int64_t num_vectors = item.count * G;  // vector t * G + g: token t of the tile, query head item.head * G + g
@@ -450,11 +463,11 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
     }
   }
   for (int64_t t = 0; t < item.count; ++t) {
-    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
+    const int64_t dst = ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G) * D;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t vec = t * G + g;
       const float inv = buf.denom[vec] > 0.0f ? 1.0f / buf.denom[vec] : 0.0f;
-      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = buf.acc[vec * D + d] * inv;
+      for (int64_t d = 0; d < D; ++d) out.Put(dst + g * D + d, buf.acc[vec * D + d] * inv);
     }
   }
 }
@@ -472,7 +485,7 @@ struct LaneScratch {
 template <typename T, int64_t kD>
 void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                      const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
-                     float* out) {
+                     const Output& out) {
   constexpr int64_t B = 16;
   const int64_t G = sh.num_q_heads / sh.num_kv_heads, num_vectors = item.count * G;
   const int64_t groups = (num_vectors + kLanes - 1) / kLanes, group_size = kD * kLanes;
@@ -529,10 +542,10 @@ void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T
   }
   for (int64_t vec = 0; vec < num_vectors; ++vec) {
     const int64_t t = vec / G, g = vec % G, group = vec / kLanes, lane = vec % kLanes;
-    float* dst = out + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G + g) * kD;
+    const int64_t dst = ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G + g) * kD;
     const float denom = buf.denom[group * kLanes + lane], inv = denom > 0.0f ? 1.0f / denom : 0.0f;
     const float* acct = &buf.acct[group * group_size + lane];
-    for (int64_t d = 0; d < kD; ++d) dst[d] = acct[d * kLanes] * inv;
+    for (int64_t d = 0; d < kD; ++d) out.Put(dst + d, acct[d * kLanes] * inv);
   }
 }
 
@@ -541,7 +554,7 @@ void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T
 template <typename T, int64_t kD>
 void AttendItemSimd(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                     const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
-                    float* out) {
+                    const Output& out) {
   if (item.count * (sh.num_q_heads / sh.num_kv_heads) >= kLanes && opt.logit_softcap == 0.0f)
     AttendItemLanes<T, kD>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
   else if (item.count == 1)
@@ -583,7 +596,7 @@ ffi::Error MakeItems(const Shapes& sh, int64_t num_seqs, const int32_t* tables, 
 template <typename T>
 ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi::Buffer<ffi::F32> q,
                   ffi::AnyBuffer k_pool, ffi::AnyBuffer v_pool, int64_t layer, const int32_t* tables,
-                  const int32_t* context_lens, const int32_t* starts, const Options& opt, float* out) {
+                  const int32_t* context_lens, const int32_t* starts, const Options& opt, const Output& out) {
   std::vector<Item> items;
   if (ffi::Error error = MakeItems(sh, num_seqs, tables, context_lens, starts, opt.sliding_window, items);
       error.failure())
@@ -592,7 +605,7 @@ ffi::Error Attend(ffi::ThreadPool& pool, const Shapes& sh, int64_t num_seqs, ffi
   const T* k_layer = static_cast<const T*>(k_pool.untyped_data()) + layer * layer_elems;
   const T* v_layer = static_cast<const T*>(v_pool.untyped_data()) + layer * layer_elems;
   const float* q_data = q.typed_data();
-  std::memset(out, 0, sizeof(float) * sh.num_tokens * sh.num_q_heads * sh.head_dim);
+  std::memset(out.data, 0, (out.bf16 ? 2 : 4) * sh.num_tokens * sh.num_q_heads * sh.head_dim);  // +0.0 either way
   auto attend_all = [&](auto attend_item) {
     jaxllm::ParallelFor(pool, static_cast<int64_t>(items.size()), [&](int64_t i) {
       attend_item(items[i], sh, q_data, k_layer, v_layer, tables, context_lens, starts, opt, out);
@@ -626,7 +639,7 @@ ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
                                 ffi::AnyBuffer v_pool, ffi::Buffer<ffi::S32> layer,
                                 ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> context_lens,
                                 ffi::Buffer<ffi::S32> query_start_loc, float sm_scale, int64_t sliding_window,
-                                float logit_softcap, ffi::ResultBuffer<ffi::F32> out) {
+                                float logit_softcap, ffi::Result<ffi::AnyBuffer> out) {
   if (sliding_window < 0) return ffi::Error::InvalidArgument("sliding_window must be >= 1 (0: none)");
   if (!(logit_softcap >= 0.0f) || std::isinf(logit_softcap))
     return ffi::Error::InvalidArgument("logit_softcap must be finite and > 0 (0: none)");
@@ -642,17 +655,19 @@ ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
     return ffi::Error::InvalidArgument("context_lens must be [S] and query_start_loc [S+1]");
   if (k_pool.element_type() != v_pool.element_type())
     return ffi::Error::InvalidArgument("k_pool and v_pool must share a dtype");
+  if (out->element_type() != ffi::F32 && out->element_type() != ffi::BF16)
+    return ffi::Error::InvalidArgument("out must be float32 or bfloat16");
+  const Output result{out->untyped_data(), out->element_type() == ffi::BF16};
   const int64_t layer_index = *layer.typed_data();
   if (layer_index < 0 || layer_index >= pd[0]) return ffi::Error::InvalidArgument("layer is not a pool layer");
   const int32_t *tables = block_tables.typed_data(), *ctx = context_lens.typed_data(),
                 *starts = query_start_loc.typed_data();
   switch (k_pool.element_type()) {
     case ffi::F32:
-      return Attend<float>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, opt,
-                           out->typed_data());
+      return Attend<float>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, opt, result);
     case ffi::BF16:
       return Attend<uint16_t>(pool, sh, num_seqs, q, k_pool, v_pool, layer_index, tables, ctx, starts, opt,
-                              out->typed_data());
+                              result);
     default:
       return ffi::Error::InvalidArgument("the KV pool must be float32 or bfloat16");
   }
@@ -673,5 +688,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmRaggedPagedAttention, RaggedPagedAttention,
                                   .Attr<float>("sm_scale")
                                   .Attr<int64_t>("sliding_window")  // 0: none
                                   .Attr<float>("logit_softcap")     // 0: none
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // out
+                                  .Ret<ffi::AnyBuffer>()         // out: float32 or bfloat16
 );

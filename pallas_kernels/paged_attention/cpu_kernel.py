@@ -37,7 +37,10 @@ def cpu_ragged_paged_attention(
 ) -> jax.Array:  # [T, Hq, D] in q.dtype; padding tokens get zeros
     check_attention_options(sliding_window, logit_softcap)
     KERNEL.register()
-    call = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    # bfloat16 queries get their result in bfloat16 from the kernel (rounded there, as astype rounds): no separate
+    # conversion op after the call
+    out_dtype = jnp.bfloat16 if q.dtype == jnp.bfloat16 else jnp.float32
+    call = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct(q.shape, out_dtype))
     out = call(q.astype(jnp.float32), k_pool, v_pool, jnp.asarray(layer, jnp.int32),
                block_tables.astype(jnp.int32), context_lens.astype(jnp.int32), query_start_loc.astype(jnp.int32),
                sm_scale=np.float32(sm_scale), sliding_window=np.int64(sliding_window or 0),
