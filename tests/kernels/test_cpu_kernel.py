@@ -71,6 +71,19 @@ def test_kernel_matches_reference_and_oracle(case_id, seqs, layout):
         assert relative_error(out[:valid], dense_oracle(case, sm_scale)[:valid]) < tolerance
 
 
+def test_bfloat16_queries_get_their_float32_result_rounded():
+    """With bfloat16 queries the kernel writes bfloat16 itself: each value its float32 result rounded to nearest
+    even (as astype rounds), padding tokens zeros; decode rows, prompt lanes and small tiles alike."""
+    case = random_ragged_case(3, [(1, 37), (20, 45), (3, 19), (1, 16)], num_q_heads=6, num_kv_heads=2, head_dim=64,
+                              block_size=16, dtype=jnp.bfloat16, pad_tokens=3)
+    attend = jax.jit(functools.partial(cpu_ragged_paged_attention, sm_scale=0.3))
+    out = attend(*case.args())
+    wide = attend(*case._replace(q=case.q.astype(jnp.float32)).args())
+    assert out.dtype == jnp.bfloat16 and wide.dtype == jnp.float32
+    assert np.array_equal(np.asarray(out).view(np.uint16), np.asarray(wide.astype(jnp.bfloat16)).view(np.uint16))
+    assert np.all(np.asarray(out, np.float32)[case.num_valid_tokens:] == 0)
+
+
 def test_masked_slots_never_reach_the_result():
     case = random_ragged_case(5, [(1, 37), (20, 45), (1, 16), (7, 7)], num_q_heads=6, num_kv_heads=3, head_dim=64,
                               block_size=16, spare_blocks=3)
