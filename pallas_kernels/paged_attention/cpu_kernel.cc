@@ -250,10 +250,13 @@ template <int64_t kD>
 constexpr int kJointVectors = kD <= 64 ? 4 : (kD <= 128 ? 2 : 1);
 
 // kN scaled query vectors qs [kN, kD] against the keys begin .. end-1 of a [16, kD] block (k, v where they lie);
-// m, denom [kN] and acc [kN, kD] are their online softmax states. kFull: all 16 keys visible.
+// m, denom [kN] and acc [kN, kD] are their online softmax states. kFull: all 16 keys visible. next_k, next_v: the
+// next block to be read (nullptr: none), asked for a row at a time as this block's K rows are read, so that its
+// requests to memory spread over the block's work instead of leaving in one burst (benchmarks/RESULTS.md).
 template <typename T, int64_t kD, int kN, bool kFull>
 inline void AttendVectorsJoint16(const float* qs, const T* k, const T* v, int64_t begin, int64_t end,
-                                 const Options& opt, float* m, float* denom, float* acc) {
+                                 const Options& opt, float* m, float* denom, float* acc, const T* next_k,
+                                 const T* next_v) {
   constexpr int kC = kD / 16;
   if constexpr (kFull) begin = 0, end = 16;
   __m512 s[kN];
@@ -262,6 +265,10 @@ inline void AttendVectorsJoint16(const float* qs, const T* k, const T* v, int64_
     for (int j = 0; j < 16; ++j) {  // every row: unwritten slots' scores are masked below
       __m512 row[kC];
       for (int c = 0; c < kC; ++c) row[c] = Load16(k + j * kD + 16 * c);
+      if (next_k != nullptr) {
+        Prefetch(next_k + j * kD, kD);
+        Prefetch(next_v + j * kD, kD);
+      }
       for (int n = 0; n < kN; ++n) {
         __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(qs + n * kD), row[0]);
         for (int c = 1; c < kC; ++c) sum = _mm512_fmadd_ps(_mm512_loadu_ps(qs + n * kD + 16 * c), row[c], sum);
@@ -305,14 +312,16 @@ inline void AttendVectorsJoint16(const float* qs, const T* k, const T* v, int64_
 // of exactly `count` vectors, and its form for a full block where all 16 keys are visible.
 template <typename T, int64_t kD, int kN = kJointVectors<kD>>
 inline void AttendVectorsJoint(int64_t count, const float* qs, const T* k, const T* v, int64_t begin, int64_t end,
-                               const Options& opt, float* m, float* denom, float* acc) {
+                               const Options& opt, float* m, float* denom, float* acc, const T* next_k,
+                               const T* next_v) {
   if constexpr (kN > 1) {
-    if (count < kN) return AttendVectorsJoint<T, kD, kN - 1>(count, qs, k, v, begin, end, opt, m, denom, acc);
+    if (count < kN)
+      return AttendVectorsJoint<T, kD, kN - 1>(count, qs, k, v, begin, end, opt, m, denom, acc, next_k, next_v);
   }
   if (begin == 0 && end == 16)
-    AttendVectorsJoint16<T, kD, kN, true>(qs, k, v, begin, end, opt, m, denom, acc);
+    AttendVectorsJoint16<T, kD, kN, true>(qs, k, v, begin, end, opt, m, denom, acc, next_k, next_v);
   else
-    AttendVectorsJoint16<T, kD, kN, false>(qs, k, v, begin, end, opt, m, denom, acc);
+    AttendVectorsJoint16<T, kD, kN, false>(qs, k, v, begin, end, opt, m, denom, acc, next_k, next_v);
 }
 
 // A work item of one query token (a decode row): its G query vectors against keys 0 (or its window's start) .. its
@@ -339,17 +348,18 @@ void AttendRow(const Item& item, const Shapes& sh, const float* q, const T* k_la
   const int64_t head_stride = B * kD, block_stride = sh.num_kv_heads * head_stride;
   for (int64_t b = first_key / B; b * B <= pos; ++b) {
     const int64_t block = tables[item.seq * sh.max_blocks + b];
-    if ((b + 1) * B <= pos) {  // the next block lies anywhere in the pool: ask for it now
+    const T *next_k = nullptr, *next_v = nullptr;  // the next block lies anywhere in the pool
+    if ((b + 1) * B <= pos) {
       const int64_t next = tables[item.seq * sh.max_blocks + b + 1] * block_stride + item.head * head_stride;
-      Prefetch(k_layer + next, B * kD);
-      Prefetch(v_layer + next, B * kD);
+      next_k = k_layer + next;
+      next_v = v_layer + next;
     }
     const T* k = k_layer + block * block_stride + item.head * head_stride;
     const T* v = v_layer + block * block_stride + item.head * head_stride;
     const int64_t begin = std::max<int64_t>(0, first_key - b * B), end = std::min(B, pos + 1 - b * B);
-    for (int64_t g = 0; g < G; g += kN)
+    for (int64_t g = 0; g < G; g += kN)  // the first group of vectors asks for the next block
       AttendVectorsJoint<T, kD>(std::min<int64_t>(kN, G - g), &buf.q[g * kD], k, v, begin, end, opt, &buf.m[g],
-                                &buf.denom[g], &buf.acc[g * kD]);
+                                &buf.denom[g], &buf.acc[g * kD], g == 0 ? next_k : nullptr, g == 0 ? next_v : nullptr);
   }
   const int64_t dst = (token * sh.num_q_heads + item.head * G) * kD;
   for (int64_t g = 0; g < G; ++g) {
