@@ -113,10 +113,12 @@ inline void ExpInPlace(float* x, int64_t n) {
   }
 }
 
-template <typename T>
+// Asks for the n elements at data: into L1 (prefetcht0), or with kToL2 into L2 only (prefetcht1).
+template <bool kToL2 = false, typename T>
 inline void Prefetch(const T* data, int64_t n) {
   const char* bytes = reinterpret_cast<const char*>(data);
-  for (int64_t offset = 0; offset < n * static_cast<int64_t>(sizeof(T)); offset += 64) __builtin_prefetch(bytes + offset);
+  for (int64_t offset = 0; offset < n * static_cast<int64_t>(sizeof(T)); offset += 64)
+    __builtin_prefetch(bytes + offset, 0, kToL2 ? 2 : 3);
 }
 
 // Per-thread buffers, reused from item to item.
@@ -252,12 +254,14 @@ constexpr int kJointVectors = kD <= 64 ? 4 : (kD <= 128 ? 2 : 1);
 // kN scaled query vectors qs [kN, kD] against the keys begin .. end-1 of a [16, kD] block (k, v where they lie);
 // m, denom [kN] and acc [kN, kD] are their online softmax states. kFull: all 16 keys visible. next_k, next_v: the
 // next block to be read (nullptr: none), asked for a row at a time as this block's K rows are read, so that its
-// requests to memory spread over the block's work instead of leaving in one burst (benchmarks/RESULTS.md).
+// requests to memory spread over the block's work instead of leaving in one burst; bfloat16 rows into L2, float32
+// rows into L1, each the faster of the two for its type (benchmarks/RESULTS.md).
 template <typename T, int64_t kD, int kN, bool kFull>
 inline void AttendVectorsJoint16(const float* qs, const T* k, const T* v, int64_t begin, int64_t end,
                                  const Options& opt, float* m, float* denom, float* acc, const T* next_k,
                                  const T* next_v) {
   constexpr int kC = kD / 16;
+  constexpr bool kNextToL2 = sizeof(T) == 2;
   if constexpr (kFull) begin = 0, end = 16;
   __m512 s[kN];
   {
@@ -266,8 +270,8 @@ inline void AttendVectorsJoint16(const float* qs, const T* k, const T* v, int64_
       __m512 row[kC];
       for (int c = 0; c < kC; ++c) row[c] = Load16(k + j * kD + 16 * c);
       if (next_k != nullptr) {
-        Prefetch(next_k + j * kD, kD);
-        Prefetch(next_v + j * kD, kD);
+        Prefetch<kNextToL2>(next_k + j * kD, kD);
+        Prefetch<kNextToL2>(next_v + j * kD, kD);
       }
       for (int n = 0; n < kN; ++n) {
         __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(qs + n * kD), row[0]);
