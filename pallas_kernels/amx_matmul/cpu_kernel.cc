@@ -19,13 +19,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
-#define JAXLLM_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
+#include "amx.h"
 #include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -39,58 +33,14 @@ constexpr int64_t kMinItemBytes = 1 << 17;  // weight bytes of one work item at 
 
 #ifdef JAXLLM_AMX
 
-// Linux hands a process AMX's tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
-bool RequestTiles() {
-  constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-bool TilesGranted() {
-  static const bool granted = RequestTiles();
-  return granted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
+using jaxllm::TilesGranted;
+using jaxllm::Transpose16;
 
 // Tiles 0-3: C (float32 16 x 16); 4, 5: A (weight rows); 6, 7: B (activation pairs). Each 16 rows x 64 bytes.
 void ConfigureTiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = 16;
-  }
+  jaxllm::TileConfig config;
+  for (int t = 0; t < 8; ++t) config.Set(t, 16, 64);
   _tile_loadconfig(&config);
-}
-
-// r[i] <- column i of the 16 x 16 matrix whose rows were r[0 .. 16].
-inline void Transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
-    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
-  }
 }
 
 // xp[p, m] = the pair (x[m, 2p], x[m, 2p + 1]) as one 32-bit word, rows m >= M zero: 16 x 16 blocks of words,
