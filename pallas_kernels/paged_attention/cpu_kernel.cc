@@ -17,7 +17,8 @@
 // per tile, where it lies, and used by every query vector of the tile while it sits in L1. Items run longest
 // first on XLA's intra-op thread pool and the calling thread; each keeps an online softmax in float32. With
 // AVX-512 and 16-key blocks, a decode row (a tile of one token) takes each K and V row once for all its G query
-// vectors (AttendRow), and a tile of 16 query vectors or more puts one in each lane (AttendItemLanes).
+// vectors (AttendRow), and a tile of 16 query vectors or more puts one in each lane (AttendItemLanes); over a
+// bfloat16 pool on a CPU with AMX-BF16 the lanes' scores and weighted sums run on AMX tiles (AttendTiles16).
 
 #include <algorithm>
 #include <cmath>
@@ -31,8 +32,10 @@
 #endif
 
 #include "xla/ffi/api/ffi.h"
+#include "amx.h"
 #include "bf16.h"
 #include "exp16.h"
+#include "transpose16.h"
 #include "parallel_for.h"
 
 namespace ffi = xla::ffi;
@@ -71,6 +74,15 @@ struct Output {
     else
       static_cast<float*>(data)[index] = x;
   }
+#ifdef __AVX512F__
+  void Put16(int64_t index, __m512 x) const {  // 16 values at once, each as Put writes it
+    if (bf16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(data) + index),
+                          jaxllm::RoundToBf16x16(x));
+    else
+      _mm512_storeu_ps(static_cast<float*>(data) + index, x);
+  }
+#endif
 };
 
 inline float ToFloat(float x) { return x; }
@@ -379,20 +391,12 @@ void AttendRow(const Item& item, const Shapes& sh, const float* q, const T* k_la
 // neighbours: ~2x fewer instructions than a vector a query and no long dependency chains (benchmarks/RESULTS.md).
 constexpr int64_t kLanes = 16;
 
-// One block for one group of 16 query vectors. qt: the group's scaled queries [kD, 16]; k, v: the block [16, kD]
-// in float32; the block's key j has position key0 + j and is seen by lane l when lo[l] <= key0 + j <= pos[l];
-// only the first `keys` rows of the block hold keys (kFull: all 16). m, denom: per lane; acct: [kD, 16].
-template <int64_t kD, bool kFull>
-inline void AttendLanes16(const float* qt, const float* k, const float* v, int64_t keys, int64_t key0, __m512i pos,
-                          __m512i lo, __m512& m, __m512& denom, float* acct) {
-  if constexpr (kFull) keys = 16;  // a full block: the loops below unroll without a bound to test
-  __m512 s[16];
-  for (int j = 0; j < 16; ++j) s[j] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < kD; ++d) {
-    const __m512 qd = _mm512_loadu_ps(qt + d * kLanes);
-    for (int j = 0; j < 16; ++j)
-      if (j < keys) s[j] = _mm512_fmadd_ps(_mm512_set1_ps(k[j * kD + d]), qd, s[j]);
-  }
+// The online-softmax step of one group of 16 query vectors (one a lane) over a block whose scores are s[j] (key j
+// against every lane): the block's key j has position key0 + j and is seen by lane l when lo[l] <= key0 + j <=
+// pos[l]; only the first `keys` rows of the block hold keys. Leaves p[j] (0 where unseen) in s, updates m and
+// denom per lane, and returns alpha, the factor the lanes' accumulators take before this block's weighted V.
+inline __m512 LanesSoftmax(__m512 (&s)[16], int64_t keys, int64_t key0, __m512i pos, __m512i lo, __m512& m,
+                           __m512& denom) {
   __mmask16 visible[16];
   __m512 block_max = _mm512_set1_ps(-INFINITY);
   for (int j = 0; j < 16; ++j) {
@@ -412,6 +416,24 @@ inline void AttendLanes16(const float* qt, const float* k, const float* v, int64
   }
   denom = _mm512_fmadd_ps(denom, alpha, p_sum);
   m = m_new;
+  return alpha;
+}
+
+// One block for one group of 16 query vectors. qt: the group's scaled queries [kD, 16]; k, v: the block [16, kD]
+// in float32, its first `keys` rows holding keys (kFull: all 16); key0, pos, lo, m, denom: as LanesSoftmax's;
+// acct: [kD, 16].
+template <int64_t kD, bool kFull>
+inline void AttendLanes16(const float* qt, const float* k, const float* v, int64_t keys, int64_t key0, __m512i pos,
+                          __m512i lo, __m512& m, __m512& denom, float* acct) {
+  if constexpr (kFull) keys = 16;  // a full block: the loops below unroll without a bound to test
+  __m512 s[16];
+  for (int j = 0; j < 16; ++j) s[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < kD; ++d) {
+    const __m512 qd = _mm512_loadu_ps(qt + d * kLanes);
+    for (int j = 0; j < 16; ++j)
+      if (j < keys) s[j] = _mm512_fmadd_ps(_mm512_set1_ps(k[j * kD + d]), qd, s[j]);
+  }
+  const __m512 alpha = LanesSoftmax(s, keys, key0, pos, lo, m, denom);
   for (int64_t d = 0; d < kD; ++d) {
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(acct + d * kLanes), alpha);
     for (int j = 0; j < 16; ++j)
@@ -419,6 +441,142 @@ inline void AttendLanes16(const float* qt, const float* k, const float* v, int64
     _mm512_storeu_ps(acct + d * kLanes, acc);
   }
 }
+
+#ifdef JAXLLM_AMX
+// The same step on AMX tiles, for bfloat16 pools (TDPBF16PS: bfloat16 pairs multiplied exactly, summed in float32).
+// Each float32 factor goes in as a pair of bfloat16 tiles, its rounding and the rounding's remainder (hi + lo
+// carries 16 of float32's 24 significant bits), so the results stay within ~1e-5 of the float32 path's:
+//   scores^T [16 keys, 16 queries] = K [16, kD] Q^T: K is tile A as it lies in the pool (rows kD * 2 bytes apart),
+//     Q^T tile B in pairs, qb [2 (hi, lo), kD / 2, 16] words, packed once an item;
+//   acc^T [kD, 16 queries] += V^T [kD, 16 keys] P^T: V^T tile A, vt [kD, 16] bfloat16, transposed once a block
+//     for all groups (keys past `keys` zero), P^T tile B in key pairs, packed here [2 (hi, lo), 8, 16] words.
+// Tiles, 16 rows of 64 bytes unless said: in the scores' phase 0, 1 the scores^T of Q's hi and lo parts, 2 K,
+// 3, 4 Q^T hi, lo; in P V's phase 0 .. 3 four 16-dimension slices of this block's P V, 5 V^T (16 rows of 32
+// bytes), 6, 7 P^T hi, lo (8 rows). Independent tiles, so that the multiplies of one phase overlap.
+inline void ConfigureAttentionTiles() {
+  jaxllm::TileConfig config;
+  for (int t : {0, 1, 2, 3, 4}) config.Set(t, 16, 64);
+  config.Set(5, 16, 32).Set(6, 8, 64).Set(7, 8, 64);
+  _tile_loadconfig(&config);
+}
+
+// qb [2, kD / 2, 16] words <- the Q^T pairs of the 16 query vectors first .. first + 16 (query(vec) [kD], scaled
+// here; lanes past num_vectors zero): hi = the scaled vector rounded to bfloat16, lo = its remainder rounded. A
+// vector's bfloat16 row read as 32-bit words is its row of pairs, so each part is 16 x 16 word transposes.
+template <int64_t kD, typename Query>
+inline void PackQueryPairs(Query query, int64_t first, int64_t num_vectors, float scale, uint32_t* qb) {
+  alignas(64) uint16_t rows[2][16][kD];  // hi, lo: a vector a row
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int64_t lane = 0; lane < 16; ++lane) {
+    const float* src = first + lane < num_vectors ? query(first + lane) : nullptr;
+    for (int64_t c = 0; c < kD / 16; ++c) {
+      const __m512 x = src != nullptr ? _mm512_mul_ps(_mm512_loadu_ps(src + 16 * c), scale_v) : _mm512_setzero_ps();
+      const __m256i hi = jaxllm::Narrow16(x);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(&rows[0][lane][16 * c]), hi);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(&rows[1][lane][16 * c]),
+                         jaxllm::Narrow16(_mm512_sub_ps(x, jaxllm::Widen16(hi))));
+    }
+  }
+  for (int part = 0; part < 2; ++part) {
+    for (int64_t w0 = 0; w0 < kD / 2; w0 += 16) {
+      __m512 r[16];
+      for (int lane = 0; lane < 16; ++lane)
+        r[lane] = _mm512_load_ps(reinterpret_cast<const float*>(rows[part][lane]) + w0);
+      jaxllm::Transpose16(r);
+      for (int i = 0; i < 16; ++i)
+        _mm512_storeu_ps(reinterpret_cast<float*>(qb + (part * kD / 2 + w0 + i) * 16), r[i]);
+    }
+  }
+}
+
+// vt [kD, 16] <- V^T of the block v [16, kD] (bfloat16 where it lies), rows past `keys` taken as zeros: V's rows as
+// 32-bit words (pairs of dimensions), transposed 16 x 16 in registers; a word row's low halves are the even
+// dimension's row of V^T, its high halves the odd one's.
+template <int64_t kD>
+inline void TransposeBlock(const uint16_t* v, int64_t keys, uint16_t* vt) {
+  const float* words = reinterpret_cast<const float*>(v);
+  for (int64_t w0 = 0; w0 < kD / 2; w0 += 16) {
+    __m512 r[16];
+    for (int j = 0; j < 16; ++j) r[j] = j < keys ? _mm512_loadu_ps(words + j * (kD / 2) + w0) : _mm512_setzero_ps();
+    jaxllm::Transpose16(r);
+    for (int i = 0; i < 16; ++i) {
+      const __m512i pairs = _mm512_castps_si512(r[i]);
+      uint16_t* even = vt + 2 * (w0 + i) * 16;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(even), _mm512_cvtepi32_epi16(pairs));
+      const __m256i odd = _mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(even + 16), odd);
+    }
+  }
+}
+
+// Words (a[n], b[n]) as bfloat16 pairs, a in the low half, for the 16 lanes of a and b (rounded to nearest even).
+inline __m512i PairWords(__m256i a, __m256i b) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// One block for one group of 16 query vectors on tiles. qb: the group's Q^T pairs; k: the block's K where it lies;
+// vt: its V^T; the rest as AttendLanes16's. The tiles are configured (ConfigureAttentionTiles).
+template <int64_t kD>
+inline void AttendTiles16(const uint32_t* qb, const uint16_t* k, const uint16_t* vt, int64_t keys, int64_t key0,
+                          __m512i pos, __m512i lo, __m512& m, __m512& denom, float* acct) {
+  constexpr int64_t kQPart = kD / 2 * 16;  // words of one of qb's two parts
+  alignas(64) float tiles[4][16 * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t c = 0; c < kD / 32; ++c) {  // dimensions 32c .. 32c + 32
+    _tile_loadd(2, k + 32 * c, kD * 2);
+    _tile_loadd(3, qb + 16 * c * 16, 64);
+    _tile_loadd(4, qb + kQPart + 16 * c * 16, 64);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+  }
+  _tile_stored(0, tiles[0], 64);
+  _tile_stored(1, tiles[1], 64);
+  __m512 s[16];
+  for (int j = 0; j < 16; ++j)
+    s[j] = _mm512_add_ps(_mm512_load_ps(tiles[0] + 16 * j), _mm512_load_ps(tiles[1] + 16 * j));
+  const __m512 alpha = LanesSoftmax(s, keys, key0, pos, lo, m, denom);
+  alignas(64) uint32_t pb[2][8 * 16];  // P^T in key pairs: hi, lo
+  for (int p = 0; p < 8; ++p) {
+    const __m256i hi_a = jaxllm::Narrow16(s[2 * p]), hi_b = jaxllm::Narrow16(s[2 * p + 1]);
+    const __m256i lo_a = jaxllm::Narrow16(_mm512_sub_ps(s[2 * p], jaxllm::Widen16(hi_a)));
+    const __m256i lo_b = jaxllm::Narrow16(_mm512_sub_ps(s[2 * p + 1], jaxllm::Widen16(hi_b)));
+    _mm512_store_si512(pb[0] + 16 * p, PairWords(hi_a, hi_b));
+    _mm512_store_si512(pb[1] + 16 * p, PairWords(lo_a, lo_b));
+  }
+  _tile_loadd(6, pb[0], 64);
+  _tile_loadd(7, pb[1], 64);
+  for (int64_t c0 = 0; c0 < kD / 16; c0 += 4) {  // dimensions 16 c0 .. 16 c0 + 64, a slice a tile
+    // tile numbers are immediates: the four slices spelled out
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(5, vt + 16 * (c0 + 0) * 16, 32);
+    _tile_dpbf16ps(0, 5, 6);
+    _tile_dpbf16ps(0, 5, 7);
+    _tile_loadd(5, vt + 16 * (c0 + 1) * 16, 32);
+    _tile_dpbf16ps(1, 5, 6);
+    _tile_dpbf16ps(1, 5, 7);
+    _tile_loadd(5, vt + 16 * (c0 + 2) * 16, 32);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(2, 5, 7);
+    _tile_loadd(5, vt + 16 * (c0 + 3) * 16, 32);
+    _tile_dpbf16ps(3, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_stored(0, tiles[0], 64);
+    _tile_stored(1, tiles[1], 64);
+    _tile_stored(2, tiles[2], 64);
+    _tile_stored(3, tiles[3], 64);
+    for (int64_t c = 0; c < 4; ++c) {
+      for (int i = 0; i < 16; ++i) {
+        float* row = acct + (16 * (c0 + c) + i) * kLanes;
+        _mm512_storeu_ps(row, _mm512_fmadd_ps(_mm512_loadu_ps(row), alpha, _mm512_load_ps(tiles[c] + 16 * i)));
+      }
+    }
+  }
+}
+#endif  // JAXLLM_AMX
 #endif  // __AVX512F__
 
 // Attend one work item: its count x G query vectors against keys 0 (or its first query's window start) .. its last
@@ -490,15 +648,20 @@ void AttendItem(const Item& item, const Shapes& sh, const float* q, const T* k_l
 
 
 #ifdef __AVX512F__
-// Per-thread buffers of the lanes path: per group of 16 query vectors, Q^T and acc^T [kD, 16], m and denom [16].
+// Per-thread buffers of the lanes path: per group of 16 query vectors, Q^T and acc^T [kD, 16], m, denom, the
+// lanes' positions and first keys [16]; on tiles, Q^T in bfloat16 pairs [2, kD / 2, 16] (qb) and the block's V^T
+// [kD, 16] (vt) instead of float32 blocks.
 struct LaneScratch {
   std::vector<float> qt, acct, m, denom, k, v;
+  std::vector<int32_t> pos, lo;
+  std::vector<uint32_t> qb;
+  std::vector<uint16_t> vt;
 };
 
-// Attend one work item of at least kLanes query vectors with the vectors in lanes (AttendLanes16): the same result
-// as AttendItem's, the sums taken in another order. Vector t * G + g (token t of the tile, query head
-// item.head * G + g) is lane (t * G + g) % 16 of group (t * G + g) / 16.
-template <typename T, int64_t kD>
+// Attend one work item of at least kLanes query vectors with the vectors in lanes (AttendLanes16, or AttendTiles16
+// with kTiles): the same result as AttendItem's, the sums taken in another order. Vector t * G + g (token t of the
+// tile, query head item.head * G + g) is lane (t * G + g) % 16 of group (t * G + g) / 16.
+template <typename T, int64_t kD, bool kTiles = false>
 void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                      const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
                      const Output& out) {
@@ -510,19 +673,43 @@ void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T
   const int64_t kv_end = first_pos + item.count;
 
   thread_local LaneScratch buf;
-  buf.qt.assign(groups * group_size, 0.0f);
   buf.acct.assign(groups * group_size, 0.0f);
   buf.m.assign(groups * kLanes, -INFINITY);
   buf.denom.assign(groups * kLanes, 0.0f);
-  buf.k.resize(B * kD);
-  buf.v.resize(B * kD);
-  alignas(64) int32_t pos[kLanes], lo[kLanes];
-  for (int64_t vec = 0; vec < num_vectors; ++vec) {
-    const int64_t t = vec / G, g = vec % G;
-    const float* src = q + ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G + g) * kD;
-    float* dst = &buf.qt[vec / kLanes * group_size + vec % kLanes];
-    for (int64_t d = 0; d < kD; ++d) dst[d * kLanes] = src[d] * opt.sm_scale;
+  buf.pos.resize(groups * kLanes);  // per lane: its query's position (-1: an empty lane) and first visible key
+  buf.lo.resize(groups * kLanes);
+  for (int64_t vec = 0; vec < groups * kLanes; ++vec) {
+    buf.pos[vec] = vec < num_vectors ? static_cast<int32_t>(first_pos + vec / G) : -1;
+    buf.lo[vec] = static_cast<int32_t>(FirstKey(std::max<int32_t>(buf.pos[vec], 0), opt.sliding_window));
   }
+  if constexpr (kTiles) {
+    buf.qb.resize(groups * group_size);  // per group [2, kD / 2, 16] words: hi, lo
+    buf.vt.resize(B * kD);
+  } else {
+    buf.qt.assign(groups * group_size, 0.0f);
+    buf.k.resize(B * kD);
+    buf.v.resize(B * kD);
+  }
+  auto row = [&](int64_t vec) {  // where vector t * G + g of the tile starts in q [T, Hq, kD] and in out
+    const int64_t t = vec / G, g = vec % G;
+    return ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G + g) * kD;
+  };
+  auto query = [&](int64_t vec) { return q + row(vec); };  // unscaled [kD]
+  if constexpr (kTiles) {
+#ifdef JAXLLM_AMX
+    for (int64_t group = 0; group < groups; ++group)
+      PackQueryPairs<kD>(query, group * kLanes, num_vectors, opt.sm_scale, &buf.qb[group * group_size]);
+#endif
+  } else {
+    for (int64_t vec = 0; vec < num_vectors; ++vec) {
+      const float* src = query(vec);
+      float* dst = &buf.qt[vec / kLanes * group_size + vec % kLanes];
+      for (int64_t d = 0; d < kD; ++d) dst[d * kLanes] = src[d] * opt.sm_scale;
+    }
+  }
+#ifdef JAXLLM_AMX
+  if constexpr (kTiles) ConfigureAttentionTiles();
+#endif
 
   const int64_t head_stride = B * kD, block_stride = sh.num_kv_heads * head_stride;
   for (int64_t b = FirstKey(first_pos, opt.sliding_window) / B; b * B < kv_end; ++b) {
@@ -532,36 +719,57 @@ void AttendItemLanes(const Item& item, const Shapes& sh, const float* q, const T
       Prefetch(k_layer + next, B * kD);
       Prefetch(v_layer + next, B * kD);
     }
-    const float* k = BlockAsFloat(k_layer + block * block_stride + item.head * head_stride, B * kD, buf.k);
-    const float* v = BlockAsFloat(v_layer + block * block_stride + item.head * head_stride, B * kD, buf.v);
+    const T* k_block = k_layer + block * block_stride + item.head * head_stride;
+    const T* v_block = v_layer + block * block_stride + item.head * head_stride;
     const int64_t keys = std::min(B, kv_end - b * B);  // keys of the block some query of the tile sees
+    const float *k = nullptr, *v = nullptr;
+    if constexpr (kTiles) {
+#ifdef JAXLLM_AMX
+      TransposeBlock<kD>(v_block, keys, buf.vt.data());
+#endif
+    } else {
+      k = BlockAsFloat(k_block, B * kD, buf.k);
+      v = BlockAsFloat(v_block, B * kD, buf.v);
+    }
     for (int64_t group = 0; group < groups; ++group) {
       const int64_t first_vec = group * kLanes, last_vec = std::min(num_vectors, first_vec + kLanes) - 1;
       if (first_pos + last_vec / G < b * B) continue;  // every query of the group precedes the block
       if (FirstKey(first_pos + first_vec / G, opt.sliding_window) >= b * B + keys) continue;  // window past it
-      for (int64_t lane = 0; lane < kLanes; ++lane) {
-        const int64_t vec = first_vec + lane;
-        pos[lane] = vec < num_vectors ? static_cast<int32_t>(first_pos + vec / G) : -1;  // -1: an empty lane
-        lo[lane] = static_cast<int32_t>(FirstKey(std::max<int64_t>(pos[lane], 0), opt.sliding_window));
-      }
       __m512 m = _mm512_loadu_ps(&buf.m[group * kLanes]), denom = _mm512_loadu_ps(&buf.denom[group * kLanes]);
-      const __m512i pos_v = _mm512_load_si512(pos), lo_v = _mm512_load_si512(lo);
-      if (keys == B)
-        AttendLanes16<kD, true>(&buf.qt[group * group_size], k, v, keys, b * B, pos_v, lo_v, m, denom,
-                                &buf.acct[group * group_size]);
-      else
-        AttendLanes16<kD, false>(&buf.qt[group * group_size], k, v, keys, b * B, pos_v, lo_v, m, denom,
-                                 &buf.acct[group * group_size]);
+      const __m512i pos_v = _mm512_loadu_si512(&buf.pos[group * kLanes]);
+      const __m512i lo_v = _mm512_loadu_si512(&buf.lo[group * kLanes]);
+      float* acct = &buf.acct[group * group_size];
+      if constexpr (kTiles) {
+#ifdef JAXLLM_AMX
+        AttendTiles16<kD>(&buf.qb[group * group_size], k_block, buf.vt.data(), keys, b * B, pos_v, lo_v, m, denom,
+                          acct);
+#endif
+      } else if (keys == B) {
+        AttendLanes16<kD, true>(&buf.qt[group * group_size], k, v, keys, b * B, pos_v, lo_v, m, denom, acct);
+      } else {
+        AttendLanes16<kD, false>(&buf.qt[group * group_size], k, v, keys, b * B, pos_v, lo_v, m, denom, acct);
+      }
       _mm512_storeu_ps(&buf.m[group * kLanes], m);
       _mm512_storeu_ps(&buf.denom[group * kLanes], denom);
     }
   }
-  for (int64_t vec = 0; vec < num_vectors; ++vec) {
-    const int64_t t = vec / G, g = vec % G, group = vec / kLanes, lane = vec % kLanes;
-    const int64_t dst = ((starts[item.seq] + item.first + t) * sh.num_q_heads + item.head * G + g) * kD;
-    const float denom = buf.denom[group * kLanes + lane], inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-    const float* acct = &buf.acct[group * group_size + lane];
-    for (int64_t d = 0; d < kD; ++d) out.Put(dst + d, acct[d * kLanes] * inv);
+#ifdef JAXLLM_AMX
+  if constexpr (kTiles) _tile_release();
+#endif
+  for (int64_t group = 0; group < groups; ++group) {  // acc^T [kD, 16] back to a row a vector, 16 x 16 at a time
+    const __m512 denom = _mm512_loadu_ps(&buf.denom[group * kLanes]);
+    const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(denom, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                           _mm512_set1_ps(1.0f), denom);  // 0 where a lane saw no key
+    alignas(64) float inv_lanes[kLanes];
+    _mm512_store_ps(inv_lanes, inv);
+    for (int64_t d0 = 0; d0 < kD; d0 += 16) {
+      __m512 lanes[16];
+      for (int i = 0; i < 16; ++i) lanes[i] = _mm512_loadu_ps(&buf.acct[group * group_size + (d0 + i) * kLanes]);
+      jaxllm::Transpose16(lanes);  // lanes[l]: lane l's dimensions d0 .. d0 + 16
+      for (int64_t lane = 0; lane < kLanes && group * kLanes + lane < num_vectors; ++lane) {
+        out.Put16(row(group * kLanes + lane) + d0, _mm512_mul_ps(lanes[lane], _mm512_set1_ps(inv_lanes[lane])));
+      }
+    }
   }
 }
 
@@ -571,9 +779,15 @@ template <typename T, int64_t kD>
 void AttendItemSimd(const Item& item, const Shapes& sh, const float* q, const T* k_layer, const T* v_layer,
                     const int32_t* tables, const int32_t* context_lens, const int32_t* starts, const Options& opt,
                     const Output& out) {
-  if (item.count * (sh.num_q_heads / sh.num_kv_heads) >= kLanes && opt.logit_softcap == 0.0f)
+  if (item.count * (sh.num_q_heads / sh.num_kv_heads) >= kLanes && opt.logit_softcap == 0.0f) {
+#ifdef JAXLLM_AMX
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (jaxllm::TilesGranted())
+        return AttendItemLanes<T, kD, true>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
+    }
+#endif
     AttendItemLanes<T, kD>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
-  else if (item.count == 1)
+  } else if (item.count == 1)
     AttendRow<T, kD>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
   else
     AttendItem<T, kD, 16, true>(item, sh, q, k_layer, v_layer, tables, context_lens, starts, opt, out);
@@ -690,6 +904,16 @@ ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
 }
 
 }  // namespace
+
+// 1 where prompt chunks over a bfloat16 pool attend on AMX tiles (the build has them and the operating system grants
+// their state), else 0.
+extern "C" int JaxllmAttentionOnAmx() {
+#ifdef JAXLLM_AMX
+  return jaxllm::TilesGranted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmRaggedPagedAttention, RaggedPagedAttention,
                               ffi::Ffi::Bind()

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.native_build import CpuTarget
+from pallas_kernels.native_build import CpuTarget, load_native_library
 from pallas_kernels.paged_attention.reference import check_attention_options
 
 KERNEL = CpuTarget(Path(__file__).with_name("cpu_kernel.cc"), "JaxllmRaggedPagedAttention",
@@ -51,3 +51,9 @@ def cpu_ragged_paged_attention(
 def cpu_kernel_error() -> str | None:
     """Why the native kernel cannot run here (no compiler, a build error), or None when it can; asked once."""
     return KERNEL.error
+
+
+def prompt_tiles_on_amx() -> bool:
+    """Whether prompt chunks over a bfloat16 pool attend on AMX tiles here (the build has AMX-BF16 and the operating
+    system grants the tile state); elsewhere they take the AVX-512 lanes path."""
+    return cpu_kernel_error() is None and bool(load_native_library(KERNEL.source).JaxllmAttentionOnAmx())

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from jaxllm.compile_counter import CompileCounter
-from pallas_kernels.paged_attention.cpu_kernel import cpu_kernel_error, cpu_ragged_paged_attention
+from pallas_kernels.amx_matmul.cpu import amx_matmul_error
+from pallas_kernels.paged_attention.cpu_kernel import (cpu_kernel_error, cpu_ragged_paged_attention,
+                                                       prompt_tiles_on_amx)
 from pallas_kernels.paged_attention.testing import (dense_oracle, poison_keys_before, poison_unused_slots,
                                                     random_ragged_case, reference_output, relative_error)
 
@@ -44,6 +46,12 @@ CASES = [
     ("decode_rows_g3_d128_bf16", [(1, 33), (1, 70), (1, 5)],
      dict(num_q_heads=6, num_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)),
     ("decode_rows_g1", [(1, 20), (1, 48)], dict(num_q_heads=2, num_kv_heads=2)),
+    # prompt tiles over a bfloat16 pool take AMX tiles where the CPU has them (else the lanes path): G = 3 splitting
+    # groups, partial last groups and blocks, chunks after a prefix, head sizes 64, 128, 256
+    ("prompt_tiles_g3_bf16", [(37, 37), (6, 50), (1, 9), (50, 83)],
+     dict(num_q_heads=9, num_kv_heads=3, dtype=jnp.bfloat16)),
+    ("prompt_tiles_d256_bf16", [(5, 37), (40, 66)], dict(num_q_heads=4, num_kv_heads=1, head_dim=256,
+                                                         dtype=jnp.bfloat16)),
 ]
 
 
@@ -84,13 +92,31 @@ def test_bfloat16_queries_get_their_float32_result_rounded():
     assert np.all(np.asarray(out, np.float32)[case.num_valid_tokens:] == 0)
 
 
-def test_masked_slots_never_reach_the_result():
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_masked_slots_never_reach_the_result(dtype):
     case = random_ragged_case(5, [(1, 37), (20, 45), (1, 16), (7, 7)], num_q_heads=6, num_kv_heads=3, head_dim=64,
-                              block_size=16, spare_blocks=3)
+                              block_size=16, spare_blocks=3, dtype=dtype)
+    case = case._replace(q=case.q.astype(jnp.float32))
     expected = reference_output(case, 0.125)
     out = _attend(poison_unused_slots(case, float("nan")), 0.125)
     assert not np.isnan(out).any()
     assert relative_error(out, expected) < 1e-5
+
+
+def test_a_bfloat16_pool_attends_as_its_values_in_float32():
+    """A bfloat16 pool's keys and values are exact in float32: every path (decode rows, prompt tiles on AMX, where
+    the queries and weights go in as bfloat16 pairs of a value and its remainder) gives the float32 pool's result
+    within 1e-5, not merely within bfloat16's rounding (~4e-3)."""
+    case = random_ragged_case(8, [(1, 70), (45, 45), (20, 99), (3, 17)], num_q_heads=9, num_kv_heads=3, head_dim=64,
+                              block_size=16, dtype=jnp.bfloat16)
+    case = case._replace(q=case.q.astype(jnp.float32))
+    wide = case._replace(k_pool=case.k_pool.astype(jnp.float32), v_pool=case.v_pool.astype(jnp.float32))
+    assert relative_error(_attend(case, 0.4), _attend(wide, 0.4)) < 1e-5
+
+
+def test_prompt_tiles_run_on_amx_wherever_the_matmul_does():
+    """The attention kernel takes AMX tiles on exactly the machines where the AMX matmul runs."""
+    assert prompt_tiles_on_amx() == (amx_matmul_error() is None)
 
 
 def test_one_program_serves_every_mix():
@@ -139,6 +165,8 @@ OPTION_CASES = [
     ("w21_softcap_bf16", [(1, 100), (13, 77)], dict(sliding_window=21, logit_softcap=5.0), dict(dtype=jnp.bfloat16)),
     ("w9_lanes_g3_chunk", [(40, 120), (17, 17), (1, 60)], dict(sliding_window=9),
      dict(num_q_heads=9, num_kv_heads=3)),
+    ("w19_tiles_g3_chunk_bf16", [(40, 120), (17, 17), (1, 60)], dict(sliding_window=19),
+     dict(num_q_heads=9, num_kv_heads=3, dtype=jnp.bfloat16)),
 ]
 
 
