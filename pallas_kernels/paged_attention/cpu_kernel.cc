@@ -547,7 +547,7 @@ inline void AttendTiles16(const uint32_t* qb, const uint16_t* k, const uint16_t*
   _tile_loadd(6, pb[0], 64);
   _tile_loadd(7, pb[1], 64);
   for (int64_t c0 = 0; c0 < kD / 16; c0 += 4) {  // dimensions 16 c0 .. 16 c0 + 64, a slice a tile
-    // tile numbers are immediates: the four slices spelled out
+    // the four slices spelled out: the tile intrinsics are macros that take the tile number as written
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
