@@ -33,6 +33,7 @@ constexpr int64_t kMinItemBytes = 1 << 17;  // weight bytes of one work item at 
 
 #ifdef JAXLLM_AMX
 
+using jaxllm::PackPairs;
 using jaxllm::TilesGranted;
 using jaxllm::Transpose16;
 
@@ -41,22 +42,6 @@ void ConfigureTiles() {
   jaxllm::TileConfig config;
   for (int t = 0; t < 8; ++t) config.Set(t, 16, 64);
   _tile_loadconfig(&config);
-}
-
-// xp[p, m] = the pair (x[m, 2p], x[m, 2p + 1]) as one 32-bit word, rows m >= M zero: 16 x 16 blocks of words,
-// each transposed in registers.
-void PackPairs(const uint16_t* x, int64_t M, int64_t K, int64_t Mp, uint32_t* xp) {
-  const int64_t pairs = K / 2;  // a multiple of 16
-  const float* words = reinterpret_cast<const float*>(x);
-  for (int64_t m0 = 0; m0 < Mp; m0 += 16) {
-    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = m0 + i < M ? _mm512_loadu_ps(words + (m0 + i) * pairs + p0) : _mm512_setzero_ps();
-      Transpose16(r);
-      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(reinterpret_cast<float*>(xp + (p0 + i) * Mp + m0), r[i]);
-    }
-  }
 }
 
 // ct [16 n, 16 m] (C^T, rows 64 bytes apart) -> out[j, 0 .. 16] for the j < rows valid rows (out rows N apart).

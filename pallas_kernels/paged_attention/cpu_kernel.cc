@@ -461,8 +461,8 @@ inline void ConfigureAttentionTiles() {
 }
 
 // qb [2, kD / 2, 16] words <- the Q^T pairs of the 16 query vectors first .. first + 16 (query(vec) [kD], scaled
-// here; lanes past num_vectors zero): hi = the scaled vector rounded to bfloat16, lo = its remainder rounded. A
-// vector's bfloat16 row read as 32-bit words is its row of pairs, so each part is 16 x 16 word transposes.
+// here; lanes past num_vectors zero): hi = the scaled vector rounded to bfloat16, lo = its remainder rounded, each
+// part the rows [16, kD] packed in pairs.
 template <int64_t kD, typename Query>
 inline void PackQueryPairs(Query query, int64_t first, int64_t num_vectors, float scale, uint32_t* qb) {
   alignas(64) uint16_t rows[2][16][kD];  // hi, lo: a vector a row
@@ -477,16 +477,8 @@ inline void PackQueryPairs(Query query, int64_t first, int64_t num_vectors, floa
                          jaxllm::Narrow16(_mm512_sub_ps(x, jaxllm::Widen16(hi))));
     }
   }
-  for (int part = 0; part < 2; ++part) {
-    for (int64_t w0 = 0; w0 < kD / 2; w0 += 16) {
-      __m512 r[16];
-      for (int lane = 0; lane < 16; ++lane)
-        r[lane] = _mm512_load_ps(reinterpret_cast<const float*>(rows[part][lane]) + w0);
-      jaxllm::Transpose16(r);
-      for (int i = 0; i < 16; ++i)
-        _mm512_storeu_ps(reinterpret_cast<float*>(qb + (part * kD / 2 + w0 + i) * 16), r[i]);
-    }
-  }
+  jaxllm::PackPairs(&rows[0][0][0], 16, kD, 16, qb);
+  jaxllm::PackPairs(&rows[1][0][0], 16, kD, 16, qb + kD / 2 * 16);
 }
 
 // vt [kD, 16] <- V^T of the block v [16, kD] (bfloat16 where it lies), rows past `keys` taken as zeros: V's rows as
