@@ -95,9 +95,9 @@ def wait_until_idle(url: str) -> dict:
                     10, "no request left and every KV block free")
 
 
-def test_a_fault_in_a_step_fails_the_requests_in_flight_and_health(start_server, compilation_cache):
+def test_a_fault_in_a_step_fails_the_requests_in_flight_and_health(start_test_server, compilation_cache):
     with fault_injection():
-        server = start_suite_server(start_server, compilation_cache)
+        server = start_suite_server(start_test_server, compilation_cache)
     non_streamed = Background(lambda: complete(server.url, "a non-streamed request in flight", **LONG))
     non_streamed.start()
     stream = StreamReader(server.url, "a streamed request in flight")
@@ -141,9 +141,9 @@ def assert_stream_ended_by_an_error(stream: StreamReader) -> None:
 
 
 @pytest.fixture(scope="module")
-def add_faulty(start_server, compilation_cache):
+def add_faulty(start_module_server, compilation_cache):
     with fault_injection():
-        server = start_suite_server(start_server, compilation_cache)
+        server = start_suite_server(start_module_server, compilation_cache)
     yield server
     server.stop()
 

@@ -74,14 +74,38 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def start_server(tiny_model_with_tokenizer, tmp_path_factory):
-    """Factory: start_server(*flags, via_cli=False) -> a healthy ServerProcess, stopped at the end of the
-    session."""
+    """Factory: start_server(*flags, via_cli=False, warmup=False) -> a healthy ServerProcess, stopped at the end
+    of the session: for the session's and a package's shared servers. A module's or a test's own servers come
+    from start_module_server / start_test_server, which stop them once their module or test is done (each server
+    is a process of its own: kept to the session's end, a suite's servers pile up in memory)."""
+
+    def launch(*extra: str, via_cli: bool, warmup: bool) -> ServerProcess:
+        flags = extra if warmup else (*extra, "--no-warmup")  # only the shared server pays for a full warm-up
+        return ServerProcess(tiny_model_with_tokenizer, tmp_path_factory.mktemp("server-log") / "server.log",
+                             *flags, via_cli=via_cli)
+
+    yield from _stopping_factory(launch)
+
+
+@pytest.fixture(scope="module")
+def start_module_server(start_server):
+    """start_server for a module's fixtures: its servers stop when the module's tests are done."""
+    yield from _stopping_factory(start_server)
+
+
+@pytest.fixture
+def start_test_server(start_server):
+    """start_server for one test: its servers stop when the test is done."""
+    yield from _stopping_factory(start_server)
+
+
+def _stopping_factory(launch):
+    """Yields start(*flags, via_cli=False, warmup=False) -> launch's server, and stops each server it started
+    afterwards (a second stop of a stopped server does nothing)."""
     started = []
 
     def start(*extra: str, via_cli: bool = False, warmup: bool = False) -> ServerProcess:
-        flags = extra if warmup else (*extra, "--no-warmup")  # only the shared server pays for a full warm-up
-        server = ServerProcess(tiny_model_with_tokenizer, tmp_path_factory.mktemp("server-log") / "server.log",
-                               *flags, via_cli=via_cli)
+        server = launch(*extra, via_cli=via_cli, warmup=warmup)
         started.append(server)
         return server
 

@@ -19,9 +19,9 @@ MESSAGES = [{"role": "user", "content": "Name a color."}]
 
 
 @pytest.fixture(scope="module")
-def server(start_server):
+def server(start_module_server):
     """A server of its own, not warmed up (programs compile as the tests need them)."""
-    return start_server("--max-num-seqs", "16", "--max-model-len", "256")
+    return start_module_server("--max-num-seqs", "16", "--max-model-len", "256")
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ HI = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def templated(start_server, tmp_path_factory):
+def templated(start_module_server, tmp_path_factory):
     path = tmp_path_factory.mktemp("template") / "chat.jinja"
     path.write_text(CUSTOM)
-    return start_server("--max-model-len", "256", "--chat-template", str(path), "--default-chat-template-kwargs",
-                        '{"enable_thinking": false}', "--trust-request-chat-template")
+    return start_module_server("--max-model-len", "256", "--chat-template", str(path), "--default-chat-template-kwargs",
+                               '{"enable_thinking": false}', "--trust-request-chat-template")
 
 
 def rendered(server, **body) -> str:
@@ -98,10 +98,10 @@ def test_a_bad_chat_setting_stops_the_start(tiny_model_with_tokenizer, flags, me
 
 
 @pytest.fixture(scope="module")
-def escaping_flag_server(start_server, tmp_path_factory):
+def escaping_flag_server(start_module_server, tmp_path_factory):
     path = tmp_path_factory.mktemp("escape") / "chat.jinja"
     path.write_text(ESCAPES[1])  # valid Jinja: the flag takes it; rendering it is what the sandbox refuses
-    return start_server("--max-model-len", "256", "--chat-template", str(path))
+    return start_module_server("--max-model-len", "256", "--chat-template", str(path))
 
 
 @pytest.fixture(scope="module")

@@ -24,12 +24,12 @@ STALL_S = 4
 
 
 @pytest.fixture(scope="module")
-def faulty(start_server):
+def faulty(start_module_server):
     saved = {key: os.environ.get(key) for key in (ENV_FLAG, ENV_STALL_S)}
     os.environ.update({ENV_FLAG: "1", ENV_STALL_S: str(STALL_S)})
     try:
-        return start_server("--max-num-seqs", "4", "--max-queue-len", "0", "--max-model-len", "256",
-                            "--engine-stall-timeout", "1")
+        return start_module_server("--max-num-seqs", "4", "--max-queue-len", "0", "--max-model-len", "256",
+                                   "--engine-stall-timeout", "1")
     finally:
         for key, value in saved.items():
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)

@@ -65,13 +65,13 @@ def test_a_default_max_tokens_is_cut_to_the_context_left():
 
 
 @pytest.fixture(scope="module")
-def configured(start_server, tmp_path_factory):
+def configured(start_module_server, tmp_path_factory):
     """A server whose --generation-config folder sets temperature, top_k and max_new_tokens; requests logged."""
     folder = tmp_path_factory.mktemp("generation-config")
     (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.25, "top_k": 7,
                                                                "max_new_tokens": 3}))
-    return start_server("--max-model-len", "128", "--generation-config", str(folder), "--enable-log-requests",
-                        "--log-level", "info"), folder
+    return start_module_server("--max-model-len", "128", "--generation-config", str(folder), "--enable-log-requests",
+                               "--log-level", "info"), folder
 
 
 def _post(server, path: str, body: dict) -> dict:

@@ -22,10 +22,10 @@ MAX_BODY = 20000
 
 
 @pytest.fixture(scope="module")
-def guarded(start_server):
-    return start_server("--api-key", API_KEY, "--max-num-seqs", "2", "--max-queue-len", "1",
-                        "--max-body-bytes", str(MAX_BODY), "--max-model-len", "256", "--shutdown-timeout", "60",
-                        via_cli=True)
+def guarded(start_module_server):
+    return start_module_server("--api-key", API_KEY, "--max-num-seqs", "2", "--max-queue-len", "1",
+                               "--max-body-bytes", str(MAX_BODY), "--max-model-len", "256", "--shutdown-timeout", "60",
+                               via_cli=True)
 
 
 def complete(server, headers=AUTH, **body) -> httpx.Response:

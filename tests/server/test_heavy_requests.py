@@ -28,9 +28,9 @@ def plain_latency(url: str, runs: int = 5) -> float:
 
 
 @pytest.mark.slow
-def test_ten_thousand_stop_strings_do_not_slow_a_plain_request(start_server):
-    server = start_server("--max-num-seqs", "4", "--max-model-len", "512", "--max-num-batched-tokens", "128",
-                          "--max-stop-strings", "10000", "--max-stop-bytes", "1000000", warmup=True)
+def test_ten_thousand_stop_strings_do_not_slow_a_plain_request(start_test_server):
+    server = start_test_server("--max-num-seqs", "4", "--max-model-len", "512", "--max-num-batched-tokens", "128",
+                               "--max-stop-strings", "10000", "--max-stop-bytes", "1000000", warmup=True)
     rng = random.Random(0)
     stops = ["".join(rng.choices(string.ascii_letters, k=8)) + "\x07" for _ in range(10000)]  # never generated
     alone = plain_latency(server.url)

@@ -57,13 +57,13 @@ def adapters(tiny_model_with_tokenizer, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def started(start_server, tiny_model_with_tokenizer, adapters):
+def started(start_module_server, tiny_model_with_tokenizer, adapters):
     """(the LoRA server, the reference LLM and its outputs), the reference computed while the server starts."""
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(run_alone, tiny_model_with_tokenizer, adapters)
-        server = start_server(*ENGINE_FLAGS, *LORA_FLAGS, "--lora-modules", f"sql={adapters['sql']}",
-                              json.dumps({"name": "code", "path": adapters["code"], "base_model_name": SERVED_NAME}),
-                              "--allow-runtime-lora-updating")
+        code = json.dumps({"name": "code", "path": adapters["code"], "base_model_name": SERVED_NAME})
+        server = start_module_server(*ENGINE_FLAGS, *LORA_FLAGS, "--lora-modules", f"sql={adapters['sql']}", code,
+                                     "--allow-runtime-lora-updating")
         return server, *reference.result()
 
 

@@ -54,8 +54,8 @@ def test_the_dashboard_finds_every_metric_it_queries_with_its_labels(server):
 
 
 @pytest.mark.slow
-def test_counts_add_up_as_vllm_expects(start_server):
-    server = start_server("--max-num-seqs", "4", "--max-model-len", "128")  # alone: nothing else moves the counts
+def test_counts_add_up_as_vllm_expects(start_test_server):
+    server = start_test_server("--max-num-seqs", "4", "--max-model-len", "128")  # alone: nothing else moves the counts
     prompt, max_tokens, num_requests = [9707, 11, 847, 829, 374, 12, 30], 10, 4
     for _ in range(num_requests):
         reply = httpx.post(server.url + "/v1/completions", timeout=60, json={

@@ -15,8 +15,8 @@ SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_looku
 
 
 @pytest.mark.slow
-def test_a_speculating_server_answers_as_a_plain_one_and_counts_its_proposals(start_server, server):
-    speculating = start_server("--max-num-seqs", "8", "--max-model-len", "256", "--speculative-config", SPEC)
+def test_a_speculating_server_answers_as_a_plain_one_and_counts_its_proposals(start_test_server, server):
+    speculating = start_test_server("--max-num-seqs", "8", "--max-model-len", "256", "--speculative-config", SPEC)
     body = {"model": MODEL, "prompt": [11, 12, 13, 14, 15] * 6, "max_tokens": 24, "temperature": 0.0,
             "ignore_eos": True}
     replies = [httpx.post(s.url + "/v1/completions", json=body, timeout=120).json() for s in (server, speculating)]

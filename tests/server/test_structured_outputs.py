@@ -64,11 +64,11 @@ def completion(server, **body) -> dict:
 
 
 @pytest.fixture(scope="module")
-def compact_server(start_server):
+def compact_server(start_module_server):
     """JSON without free whitespace by default (vLLM's --structured-outputs-config): what a client that cannot
     ask for it per request (the openai client's response_format, LangChain) gets."""
-    return start_server("--max-model-len", "256", "--structured-outputs-config",
-                        '{"backend": "xgrammar", "disable_any_whitespace": true}')
+    return start_module_server("--max-model-len", "256", "--structured-outputs-config",
+                               '{"backend": "xgrammar", "disable_any_whitespace": true}')
 
 
 def test_json_schema_response_format_with_the_openai_client(compact_server):

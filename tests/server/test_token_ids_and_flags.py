@@ -19,14 +19,14 @@ CHAT = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")
-def flagged(start_server):
+def flagged(start_module_server):
     """One batch slot, so that queued requests wait and the priority policy decides which runs next."""
-    return start_server("--max-num-seqs", "1", "--max-model-len", "256", "--block-size", "8",
-                        "--scheduling-policy", "priority", "--return-tokens-as-token-ids",
-                        "--enable-prompt-tokens-details", "--enable-server-load-tracking",
-                        "--enable-tokenizer-info-endpoint", "--enable-force-include-usage",
-                        "--enable-per-request-metrics", "--root-path", "/llm", "--allowed-origins",
-                        '["http://app.example"]', "--disable-fastapi-docs")
+    return start_module_server("--max-num-seqs", "1", "--max-model-len", "256", "--block-size", "8",
+                               "--scheduling-policy", "priority", "--return-tokens-as-token-ids",
+                               "--enable-prompt-tokens-details", "--enable-server-load-tracking",
+                               "--enable-tokenizer-info-endpoint", "--enable-force-include-usage",
+                               "--enable-per-request-metrics", "--root-path", "/llm", "--allowed-origins",
+                               '["http://app.example"]', "--disable-fastapi-docs")
 
 
 def post(server, path: str, body: dict) -> dict:
@@ -241,10 +241,10 @@ def test_orca_load_report_header(server, report_format):
 
 
 @pytest.mark.slow
-def test_root_path_and_the_api_key_from_vllm_environment(start_server, monkeypatch):
+def test_root_path_and_the_api_key_from_vllm_environment(start_test_server, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "sekrit")
-    keyed = start_server("--max-model-len", "128", "--root-path", "/llm", "--enable-log-requests", "--log-level",
-                         "info")
+    keyed = start_test_server("--max-model-len", "128", "--root-path", "/llm", "--enable-log-requests", "--log-level",
+                              "info")
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
     for prefix in ("", "/llm"):
         url = keyed.url + prefix + "/v1/completions"

@@ -33,14 +33,14 @@ HERMES_CALL = r'<tool_call>\{"name": "add", "arguments": \{"a": [1-3], "b": (tru
 
 
 @pytest.fixture(scope="module")
-def tool_server(start_server):
-    return start_server("--max-model-len", "256", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                        "--structured-outputs-config", '{"disable_any_whitespace": true}')
+def tool_server(start_module_server):
+    return start_module_server("--max-model-len", "256", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                               "--structured-outputs-config", '{"disable_any_whitespace": true}')
 
 
 @pytest.fixture(scope="module")
-def reasoning_server(start_server):
-    return start_server("--max-model-len", "256", "--reasoning-parser", "qwen3")
+def reasoning_server(start_module_server):
+    return start_module_server("--max-model-len", "256", "--reasoning-parser", "qwen3")
 
 
 def check_calls(calls, tools=TOOLS) -> None:
