@@ -143,9 +143,7 @@ def assert_stream_ended_by_an_error(stream: StreamReader) -> None:
 @pytest.fixture(scope="module")
 def add_faulty(start_module_server, compilation_cache):
     with fault_injection():
-        server = start_suite_server(start_module_server, compilation_cache)
-    yield server
-    server.stop()
+        return start_suite_server(start_module_server, compilation_cache)
 
 
 def test_a_fault_adding_one_request_fails_only_that_request(add_faulty):
