@@ -51,6 +51,7 @@ def test_a_second_start_loads_every_program_and_runs_the_same_tokens(tiny_model_
                                                                     restore_jax_cache):
     model_dir = tiny_model_dir("llama2")[0]
     first, _ = start_and_run(model_dir, tmp_path)
+    caplog.clear()  # the first start's lines too, where an earlier test left jaxllm's loggers at INFO
     with caplog.at_level(logging.INFO, logger="jaxllm.engine.step_programs"):
         second, built_second = start_and_run(model_dir, tmp_path)
     built = [r.getMessage() for r in caplog.records if r.getMessage().startswith("built program")]
