@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
+import signal
 
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -32,9 +34,21 @@ def _shard_outside(model):
     return model, r"index\.json: weight_map names '/etc/passwd'"
 
 
+@pytest.fixture
+def restore_server_settings():
+    """`serve` runs in this process: it sets jaxllm's log level and a SIGTERM handler, put back afterwards (a later
+    test would otherwise see jaxllm's INFO lines)."""
+    logger = logging.getLogger("jaxllm")
+    level, handler = logger.level, signal.getsignal(signal.SIGTERM)
+    yield
+    logger.setLevel(level)
+    signal.signal(signal.SIGTERM, handler)
+
+
 @pytest.mark.parametrize("make", [_config_heads_zero, _nan_weight, _shard_outside], ids=["config", "nan", "index"])
 @pytest.mark.parametrize("command", ["generate", "serve"])
-def test_hostile_directory_is_one_error_line_and_status_2(tiny_model_dir, tmp_path, capsys, make, command):
+def test_hostile_directory_is_one_error_line_and_status_2(tiny_model_dir, tmp_path, capsys, make, command,
+                                                          restore_server_settings):
     model, message = make(shutil.copytree(tiny_model_dir("llama2")[0], tmp_path / "model"))
     argv = ["generate", "hello", "--model", str(model)] if command == "generate" else ["serve", str(model)]
     assert main(argv) == 2
