@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.reliability.helpers import API_KEY, MAX_BODY_BYTES, start_suite_server
-from tests.server.conftest import start_module_server, start_server, start_test_server  # noqa: F401 - the
-# factory fixtures, made visible to this package
+# the server factory fixtures, made visible to this package (pytest sees fixtures only through a conftest)
+from tests.server.conftest import start_module_server, start_server, start_test_server  # noqa: F401
 
 
 @pytest.fixture(scope="session")
