@@ -5,6 +5,10 @@
 //   x [M, K] float32, w [N, K] float32 or bfloat16 (row-major, as jaxllm stores dense weights)  ->  out [M, N]
 //   float32, out[m, n] = sum_k x[m, k] * w[n, k], summed in float32, for 1 <= M <= kMaxRows
 //
+// w may also be a bfloat16 weight stored as AMX tiles, [N/32, K/32, 2, 16, 32] (pallas_kernels/amx_matmul's
+// pack_tiles): element (n, k) then lies at (n / 32) * 32K + (k / 32) * 1024 + (n % 32) * 32 + k % 32, so each
+// 16-column step of a row is still one contiguous run; only the addresses differ (the TileLayout below).
+//
 // XLA:CPU runs such dots well below the rate at which the weight can be read, and a one-row dot with a bfloat16
 // weight converts the whole weight to float32 first. Here each weight row is read once, converted on the fly
 // (bfloat16 bits << 16 are the float32 value), and multiplied into M accumulators: a block of R rows at a time,
@@ -38,6 +42,19 @@ inline float ToFloat(uint16_t bf16) {  // bfloat16 bits -> float32: the high hal
   return out;
 }
 
+// Where element (n, k) of w lies, in elements from w's start: row-major [N, K], or AMX tiles (above). A row's
+// offset and a column's offset add; 16 columns from a multiple of 16 are contiguous in both.
+struct RowMajor {
+  int64_t K;
+  int64_t Row(int64_t n) const { return n * K; }
+  int64_t Column(int64_t k) const { return k; }
+};
+struct TileLayout {
+  int64_t K;
+  int64_t Row(int64_t n) const { return (n >> 5) * 32 * K + (n & 31) * 32; }
+  int64_t Column(int64_t k) const { return (k >> 5) * 1024 + (k & 31); }
+};
+
 // Rows per block: R x M accumulators, R weight vectors and one x vector stay within the 32 vector registers.
 constexpr int RowsPerBlock(int m) { return m <= 6 ? 4 : 3; }
 
@@ -49,9 +66,16 @@ inline __m512 Load16(const uint16_t* p, __mmask16 mask) {  // 16 bfloat16 -> 16 
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// out[m, n .. n+R] for the R weight rows w[n .. n+R, :] ([R, K] at w_rows).
-template <int M, int R, typename T>
-inline void RowBlock(const float* x, const T* w_rows, int64_t K, int64_t N, float* out) {
+// out[m, n .. n+R] for the R weight rows w[n .. n+R, :] (lying as `layout` says).
+template <int M, int R, typename T, typename Layout>
+inline void RowBlock(const float* x, const T* w, Layout layout, int64_t n, int64_t K, int64_t N, float* out) {
+  const T* rows[R];
+  const T* ahead[R];  // the rows kPrefetchRows further on (a prefetch past the end is harmless)
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    rows[r] = w + layout.Row(n + r);
+    ahead[r] = w + layout.Row(n + r + kPrefetchRows);
+  }
   __m512 acc[R][M];
 #pragma GCC unroll 32
   for (int r = 0; r < R; ++r)
@@ -59,11 +83,12 @@ inline void RowBlock(const float* x, const T* w_rows, int64_t K, int64_t N, floa
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mask = K - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (K - k)) - 1);  // a tail: masked
+    const int64_t column = layout.Column(k);
     __m512 wv[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      wv[r] = Load16(w_rows + r * K + k, mask);
-      _mm_prefetch(reinterpret_cast<const char*>(w_rows + (r + kPrefetchRows) * K + k), _MM_HINT_T0);
+      wv[r] = Load16(rows[r] + column, mask);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + column), _MM_HINT_T0);
     }
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
@@ -75,18 +100,19 @@ inline void RowBlock(const float* x, const T* w_rows, int64_t K, int64_t N, floa
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) out[m * N + r] = _mm512_reduce_add_ps(acc[r][m]);
+    for (int m = 0; m < M; ++m) out[m * N + n + r] = _mm512_reduce_add_ps(acc[r][m]);
 }
 
 #else
 
-template <int M, int R, typename T>
-inline void RowBlock(const float* x, const T* w_rows, int64_t K, int64_t N, float* out) {
+template <int M, int R, typename T, typename Layout>
+inline void RowBlock(const float* x, const T* w, Layout layout, int64_t n, int64_t K, int64_t N, float* out) {
   for (int r = 0; r < R; ++r) {
+    const T* row = w + layout.Row(n + r);
     for (int m = 0; m < M; ++m) {
       float sum = 0.0f;
-      for (int64_t k = 0; k < K; ++k) sum += x[m * K + k] * ToFloat(w_rows[r * K + k]);  // vectorized
-      out[m * N + r] = sum;
+      for (int64_t k = 0; k < K; ++k) sum += x[m * K + k] * ToFloat(row[layout.Column(k)]);
+      out[m * N + n + r] = sum;
     }
   }
 }
@@ -94,16 +120,17 @@ inline void RowBlock(const float* x, const T* w_rows, int64_t K, int64_t N, floa
 #endif
 
 // out[:, begin .. end] = x @ w[begin .. end, :].T
-template <int M, typename T>
-void RowRange(const float* x, const T* w, int64_t K, int64_t N, int64_t begin, int64_t end, float* out) {
+template <int M, typename T, typename Layout>
+void RowRange(const float* x, const T* w, Layout layout, int64_t K, int64_t N, int64_t begin, int64_t end,
+              float* out) {
   constexpr int R = RowsPerBlock(M);
   int64_t n = begin;
-  for (; n + R <= end; n += R) RowBlock<M, R>(x, w + n * K, K, N, out + n);
-  for (; n < end; ++n) RowBlock<M, 1>(x, w + n * K, K, N, out + n);
+  for (; n + R <= end; n += R) RowBlock<M, R>(x, w, layout, n, K, N, out);
+  for (; n < end; ++n) RowBlock<M, 1>(x, w, layout, n, K, N, out);
 }
 
-template <int M, typename T>
-void Skinny(ffi::ThreadPool& pool, const float* x, const T* w, int64_t K, int64_t N, float* out) {
+template <int M, typename T, typename Layout>
+void Skinny(ffi::ThreadPool& pool, const float* x, const T* w, Layout layout, int64_t K, int64_t N, float* out) {
   const int64_t block = RowsPerBlock(M);
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(T)));
   const int64_t max_items = 4 * (pool.num_threads() + 1);  // a few per thread, for balance
@@ -112,41 +139,47 @@ void Skinny(ffi::ThreadPool& pool, const float* x, const T* w, int64_t K, int64_
   rows = (rows + block - 1) / block * block;  // whole blocks per item
   items = (N + rows - 1) / rows;
   jaxllm::ParallelFor(pool, items, [=](int64_t i) {
-    RowRange<M>(x, w, K, N, i * rows, std::min(N, (i + 1) * rows), out);
+    RowRange<M>(x, w, layout, K, N, i * rows, std::min(N, (i + 1) * rows), out);
   });
 }
 
-template <typename T>
-ffi::Error Dispatch(ffi::ThreadPool& pool, int64_t M, const float* x, const T* w, int64_t K, int64_t N,
-                    float* out) {
+template <typename T, typename Layout>
+ffi::Error Dispatch(ffi::ThreadPool& pool, int64_t M, const float* x, const T* w, Layout layout, int64_t K,
+                    int64_t N, float* out) {
   switch (M) {
-    case 1: Skinny<1>(pool, x, w, K, N, out); break;
-    case 2: Skinny<2>(pool, x, w, K, N, out); break;
-    case 3: Skinny<3>(pool, x, w, K, N, out); break;
-    case 4: Skinny<4>(pool, x, w, K, N, out); break;
-    case 5: Skinny<5>(pool, x, w, K, N, out); break;
-    case 6: Skinny<6>(pool, x, w, K, N, out); break;
-    case 7: Skinny<7>(pool, x, w, K, N, out); break;
-    case 8: Skinny<8>(pool, x, w, K, N, out); break;
+    case 1: Skinny<1>(pool, x, w, layout, K, N, out); break;
+    case 2: Skinny<2>(pool, x, w, layout, K, N, out); break;
+    case 3: Skinny<3>(pool, x, w, layout, K, N, out); break;
+    case 4: Skinny<4>(pool, x, w, layout, K, N, out); break;
+    case 5: Skinny<5>(pool, x, w, layout, K, N, out); break;
+    case 6: Skinny<6>(pool, x, w, layout, K, N, out); break;
+    case 7: Skinny<7>(pool, x, w, layout, K, N, out); break;
+    case 8: Skinny<8>(pool, x, w, layout, K, N, out); break;
     default: return ffi::Error::InvalidArgument("x must have 1 to 8 rows");
   }
   return ffi::Error::Success();
 }
 
+// w [N, K] row-major, or [N/32, K/32, 2, 16, 32] bfloat16 AMX tiles.
 ffi::Error SkinnyMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
                         ffi::ResultBuffer<ffi::F32> out) {
   const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
-    return ffi::Error::InvalidArgument("x must be [M, K] and w [N, K]");
-  const int64_t M = xd[0], K = xd[1], N = wd[0];
+  const bool tiles = wd.size() == 5;
+  if (tiles && (wd[2] != 2 || wd[3] != 16 || wd[4] != 32 || w.element_type() != ffi::BF16))
+    return ffi::Error::InvalidArgument("tiles must be bfloat16 [N/32, K/32, 2, 16, 32]");
+  const int64_t N = tiles ? wd[0] * 32 : wd[0], K = tiles ? wd[1] * 32 : wd[1];
+  if (xd.size() != 2 || (wd.size() != 2 && !tiles) || xd[1] != K)
+    return ffi::Error::InvalidArgument("x must be [M, K] and w [N, K] or its tiles [N/32, K/32, 2, 16, 32]");
+  const int64_t M = xd[0];
   if (M < 1 || M > kMaxRows) return ffi::Error::InvalidArgument("x must have 1 to 8 rows");
+  const auto* bf16 = static_cast<const uint16_t*>(w.untyped_data());
+  if (tiles) return Dispatch(pool, M, x.typed_data(), bf16, TileLayout{K}, K, N, out->typed_data());
   switch (w.element_type()) {
     case ffi::F32:
-      return Dispatch(pool, M, x.typed_data(), static_cast<const float*>(w.untyped_data()), K, N,
+      return Dispatch(pool, M, x.typed_data(), static_cast<const float*>(w.untyped_data()), RowMajor{K}, K, N,
                       out->typed_data());
     case ffi::BF16:
-      return Dispatch(pool, M, x.typed_data(), static_cast<const uint16_t*>(w.untyped_data()), K, N,
-                      out->typed_data());
+      return Dispatch(pool, M, x.typed_data(), bf16, RowMajor{K}, K, N, out->typed_data());
     default:
       return ffi::Error::InvalidArgument("w must be float32 or bfloat16");
   }
@@ -158,6 +191,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmSkinnyMatmul, SkinnyMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
-                                  .Arg<ffi::AnyBuffer>()         // w [N, K]
+                                  .Arg<ffi::AnyBuffer>()         // w [N, K] or its tiles
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [M, N]
 );

@@ -1,5 +1,6 @@
 """The native skinny matmul (pallas_kernels/skinny_matmul) against its jnp contract, `dense_dot`: every row count it
-takes, odd N and K (the masked tail of a 16-column step, a partial block of rows), float32 and bfloat16 x and w."""
+takes, odd N and K (the masked tail of a 16-column step, a partial block of rows), float32 and bfloat16 x and w, and
+a bfloat16 weight stored as AMX tiles (the same sums as the dense weight's, at every row count)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.amx_matmul.reference import pack_tiles
 from pallas_kernels.skinny_matmul.cpu import MAX_ROWS, skinny_kernel_error, skinny_matmul, skinny_supports
 from pallas_kernels.skinny_matmul.reference import dense_dot
 
@@ -60,6 +62,18 @@ def test_bfloat16_weights_are_not_rounded_nor_x():
     np.testing.assert_allclose(np.asarray(skinny_matmul(x, w)), np.full((1, 3), 32 * (1 + 2.0 ** -12)), rtol=1e-7)
 
 
+@pytest.mark.parametrize("rows", range(1, MAX_ROWS + 1))
+def test_tiles_give_the_dense_weights_sums(rows):
+    """The same weight as tiles: every element read from its place in the tile layout (rows across 32-row blocks:
+    a block of 3 rows straddles them from 7 rows on; several K blocks), the very same float32 sums."""
+    x, w = operands(rows, 96, 160, jnp.float32, jnp.bfloat16, seed=rows)
+    dense = jax.jit(skinny_matmul)(x, w)
+    tiled = jax.jit(skinny_matmul)(x, pack_tiles(w))
+    assert tiled.shape == (rows, 96)
+    np.testing.assert_array_equal(np.asarray(tiled), np.asarray(dense))
+    assert_matches_reference(x, w)
+
+
 def test_what_it_takes():
     w = jnp.ones((8, 16), jnp.bfloat16)
     assert skinny_supports(jnp.ones((MAX_ROWS, 16)), w) and not skinny_supports(jnp.ones((MAX_ROWS + 1, 16)), w)
@@ -67,3 +81,7 @@ def test_what_it_takes():
     assert not skinny_supports(jnp.ones((1, 16)), jnp.ones((8, 16), jnp.float16))
     with pytest.raises(ValueError, match="1 to 8 rows"):
         skinny_matmul(jnp.ones((MAX_ROWS + 1, 16)), w)
+    tiles = jnp.ones((2, 3, 2, 16, 32), jnp.bfloat16)  # W [64, 96]
+    assert skinny_supports(jnp.ones((1, 96)), tiles) and not skinny_supports(jnp.ones((1, 64)), tiles)
+    assert not skinny_supports(jnp.ones((1, 96)), tiles.astype(jnp.float32))  # tiles are bfloat16
+    assert not skinny_supports(jnp.ones((1, 96)), jnp.ones((2, 3, 2, 16, 16), jnp.bfloat16))  # not tiles
