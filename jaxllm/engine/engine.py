@@ -107,7 +107,7 @@ class LLMEngine:
         kernels = select_kernels(args.attention, args.awq_matmul, args.lora_matmul)
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
                                   kernels=kernels, eos_token_ids=self.eos_token_ids, mesh=self.mesh, lora=self.lora)
-        self.loaded = dataclasses.replace(self.loaded, params=self.runner.params)  # its head's one copy (lm_head.py)
+        self.loaded = dataclasses.replace(self.loaded, params=self.runner.params)  # tiled weights held once
         pool = BlockPool(self.cache_config.num_blocks, self.cache_config.enable_prefix_caching)
         self.drafter = self._draft_proposer(draft, args, kernels)  # None unless a draft model proposes
         self.scheduler = Scheduler(self.scheduler_config, KVCacheManager(pool, self.cache_config.block_size),

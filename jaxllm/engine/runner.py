@@ -35,7 +35,7 @@ from jaxllm.lora import device_slots
 from jaxllm.lora.manager import LoRAManager
 from jaxllm.model.tensor_parallel import default_mesh, init_kv_cache
 from jaxllm.model.kernels import Kernels, select_kernels
-from jaxllm.model.lm_head import tile_lm_head
+from jaxllm.model.tiled_params import tile_params
 from jaxllm.model.params import params_dtype
 from jaxllm.outputs import Logprob, PromptLogprobs
 from jaxllm.sampling_batch import bitmask_width, empty_logit_state
@@ -92,7 +92,7 @@ class ModelRunner:
         self.kernels = select_kernels() if kernels is None else kernels
         self.config = loaded.config
         self.mesh = mesh = mesh or default_mesh()
-        self.params = tile_lm_head(loaded.params, self.kernels, mesh.size)  # AMX tiles where its kernel runs
+        self.params = tile_params(loaded.params, self.kernels, mesh.size)  # AMX tiles where their kernel runs
         dtype = params_dtype(self.params)
         self.kv = init_kv_cache(self.config, cache.num_blocks, cache.block_size, dtype, mesh)
         self.buckets = Buckets(scheduler.max_num_batched_tokens, scheduler.max_num_seqs,

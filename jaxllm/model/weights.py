@@ -18,8 +18,9 @@ A format answers these questions, and the module functions below ask them of den
 `stack(ws)` stacks weights of one format on a new leading axis of every leaf (a MoE layer's [E, ...] expert
 stacks): valid for a format whose methods read its leaves from the last axes, as AWQWeight's do.
 
-`TiledWeight` (below) is a dense bfloat16 weight stored as AMX tiles, for the AMX kernel: the LM head takes it on
-a CPU with AMX (model/lm_head.py), where a tied head also serves the embedding lookup (`embedding_rows`).
+`TiledWeight` (below) is a dense bfloat16 weight stored as AMX tiles, for the AMX kernel: the LM head and the layers'
+dense linears take it on a CPU with AMX (model/tiled_params.py), where a tied head also serves the embedding lookup
+(`embedding_rows`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pallas_kernels.amx_matmul.reference import TILE, tiled_dot, tiled_rows
 from pallas_kernels.skinny_matmul.cpu import skinny_matmul, skinny_supports
 
 Axes = tuple  # logical axis names of one array, e.g. ("layers", "heads", "embed")
+TILED_SKINNY_MAX_ROWS = 2  # a tiled weight's dot with this many rows or fewer: the skinny kernel (RESULTS.md)
 
 
 class WeightFormat(struct.PyTreeNode):
@@ -70,10 +72,13 @@ class WeightFormat(struct.PyTreeNode):
 class TiledWeight(WeightFormat):
     """A dense bfloat16 weight W [N, K] stored as AMX tiles, `tiles` [N/32, K/32, 2, 16, 32]
     (pallas_kernels/amx_matmul: a block of 32 rows is one contiguous run in the order the kernel reads it). Its
-    dot runs the AMX kernel where Kernels.amx_matmul is "cpu", else the jnp contract (the tiles laid back out)."""
+    dot runs the skinny kernel on the tiles for at most TILED_SKINNY_MAX_ROWS rows of x where Kernels.matvec16 is
+    "native", the AMX kernel where Kernels.amx_matmul is "cpu", else the jnp contract (the tiles laid back out)."""
     tiles: jax.Array
 
     def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
+        if kernels.matvec16 == "native" and _rows(x) <= TILED_SKINNY_MAX_ROWS and skinny_supports(x, self.tiles):
+            return skinny_matmul(x, self.tiles)
         if kernels.amx_matmul == "cpu" and x.dtype == jnp.bfloat16:
             return tiled_matmul_cpu(x, self.tiles)
         return tiled_dot(x, self.tiles)

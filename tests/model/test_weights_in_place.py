@@ -12,7 +12,9 @@ import pytest
 
 from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, select_kernels
+from jaxllm.model.tiled_params import tile_params
 from tests.compiled_hlo import materialized
+from tests.kernels.test_amx_matmul import needs_amx
 
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=160, num_layers=3,
                      num_heads=4, num_kv_heads=2, head_dim=16)
@@ -48,6 +50,21 @@ def test_the_compiled_forward_copies_no_weight(dtype, attention, make_batch):
     assert compiled.memory_analysis().alias_size_in_bytes == kv_bytes  # the donated pool, updated in place
     logits, _ = compiled(params, kv, batch)
     assert np.isfinite(np.asarray(logits, np.float32)).all()
+
+
+@needs_amx
+@pytest.mark.parametrize("make_batch", [mixed_batch, one_token_batch], ids=["mixed", "one-token"])
+def test_weights_stored_as_tiles_are_read_in_place(make_batch):
+    """On a CPU with AMX the layers' linears lie as tiles (model/tiled_params.py), read by the AMX kernel (16
+    tokens) or the skinny kernel (one): neither the tiles nor a dense weight laid back out is written."""
+    kernels = select_kernels("cpu")
+    dense = random_params(CONFIG, jax.random.key(0), jnp.bfloat16)
+    params = tile_params(dense, kernels, num_devices=1)
+    tiles = {tuple(a.shape) for layer in params.layers for a in jax.tree.leaves(layer) if a.ndim == 5}
+    assert len(tiles) == 4  # qkv, o, gate|up, down
+    kv = init_kv_cache(CONFIG, 8, 16, jnp.bfloat16)
+    hlo = jit_forward(CONFIG, kernels).lower(params, kv, make_batch()).compile().as_text()
+    assert materialized(hlo, tiles | weight_shapes(dense)) == []
 
 
 def test_a_weight_stack_sliced_per_layer_is_seen_as_a_copy():

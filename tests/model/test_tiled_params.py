@@ -1,0 +1,145 @@
+"""The LM head and the layers' linears stored as AMX tiles (jaxllm/model/tiled_params.py): which weights are tiled,
+the forward with tiled weights (a tied head also serves the embedding lookup) equal to the dense forward, and an
+engine whose weights' dots run the AMX and skinny kernels generating what the dense engine generates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxllm.config import ModelConfig
+from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, weights
+from jaxllm.model.kernels import REFERENCE
+from jaxllm.model.params import LINEAR_FIELDS
+from jaxllm.model.tiled_params import tile_params
+from pallas_kernels.amx_matmul.reference import unpack_tiles
+from tests.kernels.test_amx_matmul import needs_amx
+
+AMX = dataclasses.replace(REFERENCE, amx_matmul="cpu")
+
+
+def _config(**overrides) -> ModelConfig:
+    fields = dict(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
+    return ModelConfig(**{**fields, **overrides})
+
+
+def _params(config: ModelConfig, dtype=jnp.bfloat16):
+    return random_params(config, jax.random.key(0), dtype, scale=0.1)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_head_is_tiled_where_the_amx_kernel_runs_its_dot(tied):
+    params = _params(_config(tie_word_embeddings=tied))
+    field = "embed" if tied else "lm_head"
+    tiled = tile_params(params, AMX, num_devices=1)
+    assert isinstance(getattr(tiled, field), weights.TiledWeight)
+    np.testing.assert_array_equal(np.asarray(weights.embedding_rows(tiled.embed, jnp.arange(96))),
+                                  np.asarray(params.embed))
+    untouched = [f for f in ("embed", "lm_head") if f != field]
+    assert all(getattr(tiled, f) is getattr(params, f) for f in untouched)
+
+
+def test_the_layers_linears_are_tiled_and_the_rest_kept():
+    params = _params(_config())
+    tiled = tile_params(params, AMX, num_devices=1)
+    for layer, dense in zip(tiled.layers, params.layers):
+        for field in LINEAR_FIELDS:
+            w = getattr(layer, field)
+            assert isinstance(w, weights.TiledWeight) and w.shape == getattr(dense, field).shape
+            np.testing.assert_array_equal(np.asarray(unpack_tiles(w.tiles)), np.asarray(getattr(dense, field)))
+        assert layer.attn_norm is dense.attn_norm and layer.mlp_norm is dense.mlp_norm
+
+
+def test_a_linear_whose_sides_are_not_tiles_stays_dense():
+    """Intermediate size 72: gate|up [144, 64] and down [64, 72] keep their dense arrays, q|k|v and o are tiled."""
+    params = _params(_config(intermediate_size=72))
+    layer, dense = tile_params(params, AMX, num_devices=1).layers[0], params.layers[0]
+    assert layer.w_gate_up is dense.w_gate_up and layer.w_down is dense.w_down
+    assert isinstance(layer.w_qkv, weights.TiledWeight) and isinstance(layer.wo, weights.TiledWeight)
+
+
+@pytest.mark.parametrize("why", ["reference kernels", "two devices", "float32"])
+def test_nothing_is_tiled_elsewhere(why):
+    params = _params(_config(), jnp.float32 if why == "float32" else jnp.bfloat16)
+    kernels = REFERENCE if why == "reference kernels" else AMX
+    tiled = tile_params(params, kernels, num_devices=2 if why == "two devices" else 1)
+    assert jax.tree.structure(tiled) == jax.tree.structure(params)
+    assert all(a is b for a, b in zip(jax.tree.leaves(tiled), jax.tree.leaves(params)))
+
+
+@pytest.mark.parametrize("why", ["hidden size 48", "vocabulary 100"])
+def test_a_head_whose_sides_are_not_tiles_stays_dense(why):
+    config = {"hidden size 48": _config(hidden_size=48, head_dim=12), "vocabulary 100": _config(vocab_size=100)}[why]
+    params = _params(config)
+    assert tile_params(params, AMX, num_devices=1).embed is params.embed
+
+
+def _forward_logits(config, params, kernels, chunks=None, num_tokens=8):
+    chunks = chunks or [SequenceChunk([5, 90, 33, 2], 0, [0]), SequenceChunk([64], 7, [1])]
+    batch = build_step_batch(chunks, 8, num_tokens=num_tokens)
+    logits, _ = jit_forward(config, kernels)(params, init_kv_cache(config, 4, 8, jnp.bfloat16), batch)
+    return np.asarray(logits)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_forward_with_tiled_weights_is_the_dense_forward(tied):
+    """On any machine: the tiles' jnp contract (laid back out, the same dot) gives the dense logits bit for bit."""
+    config = _config(tie_word_embeddings=tied)
+    params = _params(config)
+    tiled = tile_params(params, AMX, num_devices=1)
+    np.testing.assert_array_equal(_forward_logits(config, tiled, REFERENCE), _forward_logits(config, params,
+                                                                                             REFERENCE))
+
+
+@needs_amx
+@pytest.mark.parametrize("tokens", [8, 1])
+def test_the_forward_with_the_native_kernels_matches_the_dense_forward(tokens):
+    """8 tokens: every tiled weight's dot on the AMX kernel; 1 token (a decode step of one sequence): on the skinny
+    kernel reading the tiles."""
+    config = _config()
+    params = _params(config)
+    tiled = tile_params(params, AMX, num_devices=1)
+    kernels = dataclasses.replace(AMX, matvec16="native")
+    chunks = [SequenceChunk([5, 90, 33, 2], 0, [0]), SequenceChunk([64], 7, [1])] if tokens == 8 else \
+        [SequenceChunk([64], 7, [1])]
+    got = _forward_logits(config, tiled, kernels, chunks, tokens)
+    want = _forward_logits(config, params, REFERENCE, chunks, tokens)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    text = jit_forward(config, kernels).lower(tiled, init_kv_cache(config, 4, 8, jnp.bfloat16),
+                                              build_step_batch(chunks, 8, num_tokens=tokens)).as_text()
+    kernel = "jaxllm_tiled_matmul" if tokens == 8 else "jaxllm_skinny_matmul"
+    on_tiles = [line for line in text.splitlines() if kernel in line and "x2x16x32xbf16>" in line]
+    assert len(on_tiles) >= 4  # q|k|v, o, gate|up and down in the layer body that every layer calls
+
+
+@needs_amx
+def test_an_engine_with_tiled_weights_generates_what_the_dense_one_does(tiny_model_with_tokenizer, monkeypatch):
+    import jaxllm.engine.engine as engine_module
+    from jaxllm.llm import LLM
+    from jaxllm.sampling_params import SamplingParams
+
+    select = engine_module.select_kernels
+    outputs = {}
+    for choice in ("reference", "cpu"):
+        monkeypatch.setattr(engine_module, "select_kernels",
+                            lambda *a, **k: dataclasses.replace(select(*a, **k), amx_matmul=choice))
+        llm = LLM(model=str(tiny_model_with_tokenizer), dtype="bfloat16", max_num_seqs=4, max_model_len=64,
+                  compilation_cache=False)
+        head, down = llm.engine.runner.params.embed, llm.engine.runner.params.layers[0].w_down
+        assert isinstance(head, weights.TiledWeight) == isinstance(down, weights.TiledWeight) == (choice == "cpu")
+        assert llm.engine.loaded.params.embed is head  # one copy of the table
+        assert llm.engine.loaded.params.layers[0].w_down is down
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+        together = llm.generate(["Hello there", "1, 2, 3,", "The sky is"], params, use_tqdm=False)
+        alone = llm.generate(["Once upon"], params, use_tqdm=False)  # its decode steps: one row, the skinny kernel
+        outputs[choice] = together + alone
+    for dense, tiled in zip(outputs["reference"], outputs["cpu"]):
+        assert dense.outputs[0].token_ids == tiled.outputs[0].token_ids
+        for a, b in zip(dense.outputs[0].logprobs, tiled.outputs[0].logprobs):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
