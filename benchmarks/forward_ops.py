@@ -1,12 +1,14 @@
 """Where a jitted forward's device time goes, by XLA operation kind: a jax.profiler trace of the default model's
-step (the layers and the LM head), its events summed by name with the instance numbers dropped.
+step (the layers and the LM head, the weights stored as the engine's runner stores them: on a CPU with AMX the
+head and the layers' linears as AMX tiles), its events summed by name with the instance numbers dropped.
 
     cd benchmarks && python forward_ops.py --batch 64 --new-tokens 1 --context 192   # a decode step
     cd benchmarks && python forward_ops.py --batch 4 --new-tokens 128 --context 0    # a 512-token prefill
 
-Kinds on CPU: ynn_fusion (XLA's dots, YNNPACK), ffi_call (the native kernels: attention, K/V write, skinny and
-argmax), *_fusion (XLA's elementwise loops), psum (all-reduces), copy. The pool is not donated here, so a `copy`
-of the whole K/V pool (two a step) belongs to this benchmark, not to the engine's program, which donates it.
+Kinds on CPU: ynn_fusion (XLA's dots, YNNPACK), ffi_call (the native kernels: attention, K/V write, skinny,
+argmax and, over tiles, the AMX matmul), *_fusion (XLA's elementwise loops), psum (all-reduces), copy. The pool is
+not donated here, so a `copy` of the whole K/V pool (two a step) belongs to this benchmark, not to the engine's
+program, which donates it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from skinny_forward import step_program
 
 from jaxllm.loaders import load_model
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, select_kernels
+from jaxllm.model.tiled_params import tile_params
 
 
 def step_inputs(config, batch: int, new_tokens: int, context: int, dtype):
@@ -66,14 +69,15 @@ def main():
 
     kernels = select_kernels()
     loaded = load_model(dtype=args.dtype)
+    params = tile_params(loaded.params, kernels, num_devices=1)  # stored as the engine's runner stores them
     kv, batch = step_inputs(loaded.config, args.batch, args.new_tokens, args.context, jnp.dtype(args.dtype))
     step = step_program(loaded.config, kernels, kernels)
     for _ in range(3):
-        jax.block_until_ready(step(loaded.params, kv, batch))
+        jax.block_until_ready(step(params, kv, batch))
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             for _ in range(args.calls):
-                jax.block_until_ready(step(loaded.params, kv, batch))
+                jax.block_until_ready(step(params, kv, batch))
         times = op_times(Path(trace_dir), args.calls)
     print(f"{args.batch} x {args.new_tokens} new tokens after {args.context}, {args.dtype}, {kernels}\n")
     print("| kind | ms a step | events a step |\n|---|---:|---:|")
