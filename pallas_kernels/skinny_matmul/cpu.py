@@ -14,6 +14,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.amx_matmul.reference import TILE
 from pallas_kernels.native_build import CpuTarget
 
 KERNEL = CpuTarget(Path(__file__).with_name("cpu_kernel.cc"), "JaxllmSkinnyMatmul", "jaxllm_skinny_matmul")
@@ -25,8 +26,9 @@ W_DTYPES = X_DTYPES
 def skinny_supports(x: jax.Array, w: jax.Array) -> bool:
     """Whether the kernel takes these operands: a dense 2-D w [N, K] or its tiles, at most MAX_ROWS rows of x, the
     dtypes."""
-    return (_dense_shape(w) is not None and x.shape[-1] == _dense_shape(w)[1]
-            and 1 <= math.prod(x.shape[:-1]) <= MAX_ROWS and x.dtype in X_DTYPES and w.dtype in W_DTYPES)
+    shape = _dense_shape(w)  # [N, K]
+    return (shape is not None and x.shape[-1] == shape[1] and 1 <= math.prod(x.shape[:-1]) <= MAX_ROWS
+            and x.dtype in X_DTYPES and w.dtype in W_DTYPES)
 
 
 def skinny_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -48,8 +50,8 @@ def _dense_shape(w: jax.Array) -> tuple[int, int] | None:
     weight; None for any other array."""
     if w.ndim == 2:
         return w.shape
-    if w.ndim == 5 and w.shape[2:] == (2, 16, 32) and w.dtype == jnp.bfloat16:
-        return w.shape[0] * 32, w.shape[1] * 32
+    if w.ndim == 5 and w.shape[2:] == (2, TILE // 2, TILE) and w.dtype == jnp.bfloat16:
+        return w.shape[0] * TILE, w.shape[1] * TILE
     return None
 
 
