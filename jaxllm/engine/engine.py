@@ -55,6 +55,7 @@ from jaxllm.lora.request import LoRARequest
 from jaxllm.model import tensor_parallel
 from jaxllm.model.kernels import select_kernels
 from jaxllm.model.params import params_dtype
+from jaxllm.model.tiled_params import tiles_wanted
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.spec_decode.config import SpeculativeConfig
@@ -88,8 +89,11 @@ class LLMEngine:
         # weights so that a bad generation config fails at once
         self.sampling_defaults = sampling_defaults(args.generation_config, args.override_generation_config,
                                                    loaded.source if loaded is not None else resolve_model(args.model))
-        if loaded is None:  # on the host: _place puts the params on their devices
-            loaded = load_host_model(args.model, dtype=args.dtype, quantization=args.quantization)
+        kernels = select_kernels(args.attention, args.awq_matmul, args.lora_matmul)
+        if loaded is None:  # on the host (the linears already as tiles where their kernel runs): _place puts the
+            # params on their devices
+            loaded = load_host_model(args.model, dtype=args.dtype, quantization=args.quantization,
+                                     as_tiles=tiles_wanted(kernels, args.tensor_parallel_size or 1))
         # the params on their mesh (one device unless split) before the pool is sized
         self.parallel_config = args.parallel_config()
         self.mesh, self.loaded = _place(loaded, self.parallel_config)
@@ -104,7 +108,6 @@ class LLMEngine:
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None  # the primary one
         self.lora_config = args.lora_config()  # None unless enable_lora
         self.lora = _lora_manager(self.lora_config, self.parallel_config, self.loaded)
-        kernels = select_kernels(args.attention, args.awq_matmul, args.lora_matmul)
         self.runner = ModelRunner(self.loaded, self.cache_config, self.scheduler_config, seed=args.seed,
                                   kernels=kernels, eos_token_ids=self.eos_token_ids, mesh=self.mesh, lora=self.lora)
         self.loaded = dataclasses.replace(self.loaded, params=self.runner.params)  # tiled weights held once

@@ -51,14 +51,15 @@ def load_model(model: str | os.PathLike | None = None, dtype: str = "auto", mesh
 
 
 def load_host_model(model: str | os.PathLike | None = None, dtype: str = "auto",
-                    quantization: str | None = None) -> LoadedModel:
+                    quantization: str | None = None, as_tiles: bool = False) -> LoadedModel:
     """load_model's first half: the params as numpy arrays on the host, each tensor cast to `dtype` as it is read
-    (packed weights keep their own dtypes)."""
+    (packed weights keep their own dtypes). as_tiles: the LM head and the layers' dense bfloat16 linears stored as
+    AMX tiles as they are read (model/tiled_params; an orbax checkpoint's are not, tile_params packs them later)."""
     with small_pages():
-        return _load_host_model(model, dtype, quantization)
+        return _load_host_model(model, dtype, quantization, as_tiles)
 
 
-def _load_host_model(model, dtype: str, quantization: str | None) -> LoadedModel:
+def _load_host_model(model, dtype: str, quantization: str | None, as_tiles: bool) -> LoadedModel:
     check_quantization_name(quantization)
     source = resolve_model(model)
     if quantization is not None and source.kind != "hf_dir":
@@ -69,9 +70,9 @@ def _load_host_model(model, dtype: str, quantization: str | None) -> LoadedModel
     if source.kind == "orbax":
         config, params = load_checkpoint(source.path, None if dtype == "auto" else dtype)
     elif source.kind == "gguf":
-        config, params = load_gguf(source.path, dtype)
+        config, params = load_gguf(source.path, dtype, as_tiles)
     else:
-        config, params = load_hf_dir(Path(source.path), dtype, quantization)
+        config, params = load_hf_dir(Path(source.path), dtype, quantization, as_tiles)
     return LoadedModel(config, params, source)
 
 

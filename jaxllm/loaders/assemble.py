@@ -25,6 +25,7 @@ from jaxllm.model import weights
 from jaxllm.model.host_arrays import aligned_as
 from jaxllm.model.params import (LayerParams, LlamaParams, checkpoint_layer_shapes, fuse_layer_tensors,
                                  global_param_shapes)
+from jaxllm.model.tiled_params import tile_head, tile_linears
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -40,6 +41,7 @@ def assemble_params(
     tensors: Iterable[tuple[str, int | None, str, np.ndarray]],  # (field, layer, name in file, array)
     source: str,
     dtype: str = "float32",
+    as_tiles: bool = False,  # the LM head's and each layer's dense bfloat16 linears as AMX tiles (tiled_params)
 ) -> LlamaParams:
     np_dtype = numpy_dtype(dtype)
     layer_shapes = [checkpoint_layer_shapes(config, i) for i in range(config.num_layers)]  # MoE: differ by layer
@@ -73,13 +75,16 @@ def assemble_params(
         parts[layer][field] = array
         if len(parts[layer]) == len(layer_shapes[layer]):
             fused[layer], parts[layer] = _fuse(parts[layer], source), {}
+            if as_tiles:  # packed as each layer completes: its dense linears are let go at once
+                fused[layer].update(tile_linears(fused[layer]))
     missing = [f for f in global_shapes if f not in top]
     missing += [f"layer {i} {f}" for i, done in enumerate(fused) if done is None
                 for f in layer_shapes[i] if f not in parts[i]]
     if missing:
         raise ModelLoadError(source, f"missing tensors: {', '.join(missing[:8])}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    return LlamaParams(layers=tuple(LayerParams(**fields) for fields in fused), **top)
+    params = LlamaParams(layers=tuple(LayerParams(**fields) for fields in fused), **top)
+    return tile_head(params) if as_tiles else params
 
 
 def _moe_hint(config: ModelConfig, layer: int | None) -> str:

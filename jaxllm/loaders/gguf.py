@@ -192,12 +192,14 @@ def gguf_layer_names(config: ModelConfig) -> dict[str, str]:
     return names
 
 
-def load_gguf(path: Path, dtype: str = "float32") -> tuple[ModelConfig, LlamaParams]:
-    """The config and host (numpy) params, dequantized and cast to dtype tensor by tensor."""
+def load_gguf(path: Path, dtype: str = "float32", as_tiles: bool = False) -> tuple[ModelConfig, LlamaParams]:
+    """The config and host (numpy) params, dequantized and cast to dtype tensor by tensor (as_tiles:
+    assemble_params')."""
     reader = open_gguf(path)
     config = gguf_config(reader, path)
     check_fits_host(config, path, np.dtype(numpy_dtype(dtype)).itemsize)
-    return config, assemble_params(config, _tensors(reader, config, path), source=str(path), dtype=dtype)
+    return config, assemble_params(config, _tensors(reader, config, path), source=str(path), dtype=dtype,
+                                   as_tiles=as_tiles)
 
 
 def _tensors(reader: GGUFFile, config: ModelConfig, path: Path) -> Iterator[tuple[str, int | None, str, np.ndarray]]:

@@ -72,10 +72,11 @@ def _model_config(hf: dict, model_dir: Path) -> ModelConfig:
         raise ModelLoadError(path, str(e)) from e
 
 
-def load_hf_dir(model_dir: Path, dtype: str = "float32",
-                quantization: str | None = None) -> tuple[ModelConfig, LlamaParams]:
+def load_hf_dir(model_dir: Path, dtype: str = "float32", quantization: str | None = None,
+                as_tiles: bool = False) -> tuple[ModelConfig, LlamaParams]:
     """The config and host (numpy) params, cast to dtype tensor by tensor (AWQ linears stay packed, in their own
-    dtypes). quantization: None reads what config.json says; "awq" also insists on an AWQ checkpoint."""
+    dtypes). quantization: None reads what config.json says; "awq" also insists on an AWQ checkpoint. as_tiles:
+    assemble_params'."""
     hf = read_config_json(model_dir)
     config = _model_config(hf, model_dir)
     awq_config = awq.read_awq_config(hf, model_dir / "config.json", quantization)
@@ -89,7 +90,8 @@ def load_hf_dir(model_dir: Path, dtype: str = "float32",
                                  "qkv_proj / gate_up_proj linears) are not supported")
         awq.check_expert_groups(config, awq_config, model_dir / "config.json")
         named, layer_names = awq.join_linears(named, awq_config, numpy_dtype(dtype)), _awq_names(layer_names)
-    return config, assemble_params(config, _fields(named, config, layer_names), source=str(model_dir), dtype=dtype)
+    return config, assemble_params(config, _fields(named, config, layer_names), source=str(model_dir), dtype=dtype,
+                                   as_tiles=as_tiles)
 
 
 def layer_tensor_names(config: ModelConfig) -> dict[str, str]:

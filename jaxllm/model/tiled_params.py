@@ -9,15 +9,23 @@ itself when untied, the embedding table when tied (it then also serves the embed
 weights.embedding_rows, so the table is held once), and each layer's dense linear weights (w_qkv, wo, w_gate_up,
 w_down). A TiledWeight's dot with a row or two runs the skinny kernel on the tiles (weights.TiledWeight.dot).
 Everything else keeps its format (AWQ's packed int4, the experts' stacks, sides that are not multiples of 32); on
-other machines and meshes the params are returned unchanged. Until the loaded params are let go, the dense
-weights and their tiles are both held (the default model's peak memory at start: +211 MB).
+other machines and meshes the params are returned unchanged.
+
+An engine that loads its own weights has them packed as they are read instead (loaders.load_host_model's
+`as_tiles`, asked where `tiles_wanted`): each layer's linears on the host with numpy, in memory a CPU device uses
+in place, as the loader finishes the layer, so the dense weights and their tiles are never all held at once and no
+XLA program is built to lay them out. tile_params then finds nothing left to pack.
 """
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import jax.numpy as jnp
+import numpy as np
 
 from jaxllm.model import weights
+from jaxllm.model.host_arrays import aligned_empty
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.params import LINEAR_FIELDS, LayerParams, LlamaParams
 from pallas_kernels.amx_matmul.reference import TILE, pack_tiles
@@ -26,22 +34,40 @@ from pallas_kernels.amx_matmul.reference import TILE, pack_tiles
 def tile_params(params: LlamaParams, kernels: Kernels, num_devices: int) -> LlamaParams:
     """params with the LM head and the layers' dense linears stored as AMX tiles where the AMX kernel will run
     their dots, else params."""
-    if not (kernels.amx_matmul == "cpu" and num_devices == 1):
+    if not tiles_wanted(kernels, num_devices):
         return params
+    return tile_head(params).map_layers(_tile_layer)
+
+
+def tiles_wanted(kernels: Kernels, num_devices: int) -> bool:
+    """Whether the AMX kernel runs the dots of a model placed on `num_devices` devices."""
+    return kernels.amx_matmul == "cpu" and num_devices == 1
+
+
+def tile_head(params: LlamaParams) -> LlamaParams:
+    """params with the LM head (the embedding table when tied) stored as tiles where it takes them."""
     head_field = "embed" if params.lm_head is None else "lm_head"
     head = getattr(params, head_field)  # [V, H]
-    if takes_tiles(head):
-        params = params.replace(**{head_field: _tiled(head)})
-    return params.map_layers(_tile_layer)
+    return params.replace(**{head_field: _tiled(head)}) if takes_tiles(head) else params
+
+
+def tile_linears(fields: Mapping[str, object]) -> dict:
+    """The tiled weights of a layer's fields (name -> weight): those of its dense linears that take tiles."""
+    return {field: _tiled(fields[field]) for field in LINEAR_FIELDS if takes_tiles(fields.get(field))}
 
 
 def _tile_layer(layer: LayerParams) -> LayerParams:
-    return layer.replace(**{field: _tiled(getattr(layer, field)) for field in LINEAR_FIELDS
-                            if takes_tiles(getattr(layer, field))})
+    return layer.replace(**tile_linears({field: getattr(layer, field) for field in LINEAR_FIELDS}))
 
 
 def _tiled(w) -> weights.TiledWeight:
-    return weights.TiledWeight(tiles=pack_tiles(w))
+    return weights.TiledWeight(tiles=_pack_on_host(w) if isinstance(w, np.ndarray) else pack_tiles(w))
+
+
+def _pack_on_host(w: np.ndarray) -> np.ndarray:
+    """pack_tiles of a host array into memory a CPU device uses in place (model/host_arrays)."""
+    n, k = w.shape
+    return pack_tiles(w, out=aligned_empty((n // TILE, k // TILE, 2, 16, TILE), w.dtype))  # [N/32, K/32, 2, 16, 32]
 
 
 def takes_tiles(w) -> bool:

@@ -1,6 +1,7 @@
 """The LM head and the layers' linears stored as AMX tiles (jaxllm/model/tiled_params.py): which weights are tiled,
-the forward with tiled weights (a tied head also serves the embedding lookup) equal to the dense forward, and an
-engine whose weights' dots run the AMX and skinny kernels generating what the dense engine generates."""
+the same tiles packed by the loader on the host, the forward with tiled weights (a tied head also serves the
+embedding lookup) equal to the dense forward, and an engine whose weights' dots run the AMX and skinny kernels
+generating what the dense engine generates."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import numpy as np
 import pytest
 
 from jaxllm.config import ModelConfig
-from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, weights
+from jaxllm.loaders import load_host_model
+from jaxllm.model import (SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, tiled_params,
+                          weights)
+from jaxllm.model.host_arrays import is_aligned
 from jaxllm.model.kernels import REFERENCE
 from jaxllm.model.params import LINEAR_FIELDS
 from jaxllm.model.tiled_params import tile_params
-from pallas_kernels.amx_matmul.reference import unpack_tiles
+from pallas_kernels.amx_matmul.reference import pack_tiles, unpack_tiles
 from tests.kernels.test_amx_matmul import needs_amx
 
 AMX = dataclasses.replace(REFERENCE, amx_matmul="cpu")
@@ -79,6 +83,62 @@ def test_a_head_whose_sides_are_not_tiles_stays_dense(why):
     assert tile_params(params, AMX, num_devices=1).embed is params.embed
 
 
+def _save_model(directory, **overrides):
+    """A tiny random Llama checkpoint (config.json and model.safetensors) of vocabulary 96."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from tests.tiny_models import TOKENIZER_MODEL_CONFIG, _tiny_llama_weights
+
+    config = {**TOKENIZER_MODEL_CONFIG, "vocab_size": 96, **overrides}
+    tensors = _tiny_llama_weights(config)
+    if not config["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"][::-1].copy()
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_loader_packs_on_the_host_the_tiles_tile_params_would(tmp_path, tied):
+    """load_host_model(as_tiles=True): the same tiles as tile_params over the dense load, numpy arrays in memory a
+    CPU device uses in place (placed without a copy); tile_params then finds nothing left to pack."""
+    path = _save_model(tmp_path, tie_word_embeddings=tied)
+    dense = load_host_model(path, dtype="bfloat16").params
+    loaded = load_host_model(path, dtype="bfloat16", as_tiles=True).params
+    want = tile_params(jax.device_put(dense), AMX, num_devices=1)
+    assert jax.tree.structure(loaded) == jax.tree.structure(want)
+    tiled = [w for w in jax.tree.leaves(loaded, is_leaf=lambda x: isinstance(x, weights.TiledWeight))
+             if isinstance(w, weights.TiledWeight)]
+    assert len(tiled) == len(LINEAR_FIELDS) * len(loaded.layers) + 1  # and the head
+    for got, expected in zip(jax.tree.leaves(loaded), jax.tree.leaves(want)):
+        assert isinstance(got, np.ndarray) and is_aligned(got)
+        np.testing.assert_array_equal(got, np.asarray(expected))
+    placed = jax.device_put(tiled[0].tiles, jax.devices("cpu")[0])
+    assert placed.unsafe_buffer_pointer() == tiled[0].tiles.ctypes.data  # shared, not copied
+    again = tile_params(loaded, AMX, num_devices=1)
+    assert all(a is b for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(loaded)))
+
+
+def test_the_loader_packs_only_what_takes_tiles(tmp_path):
+    """float32 weights stay dense; so does a bfloat16 linear whose sides are not multiples of 32 (down [64, 72])."""
+    path = _save_model(tmp_path, intermediate_size=72)
+    layer = load_host_model(path, dtype="bfloat16", as_tiles=True).params.layers[0]
+    assert isinstance(layer.wo, weights.TiledWeight) and isinstance(layer.w_down, np.ndarray)
+    as_float32 = load_host_model(path, dtype="float32", as_tiles=True).params
+    assert not any(isinstance(w, weights.TiledWeight) for w in
+                   jax.tree.leaves(as_float32, is_leaf=lambda x: isinstance(x, weights.TiledWeight)))
+
+
+def test_host_packing_equals_the_jnp_packing():
+    w = np.asarray(jax.random.normal(jax.random.key(1), (64, 96), jnp.bfloat16))
+    host = tiled_params._tiled(w).tiles
+    assert isinstance(host, np.ndarray) and is_aligned(host)
+    np.testing.assert_array_equal(host, np.asarray(pack_tiles(jnp.asarray(w))))
+    np.testing.assert_array_equal(unpack_tiles(host), w)
+
+
 def _forward_logits(config, params, kernels, chunks=None, num_tokens=8):
     chunks = chunks or [SequenceChunk([5, 90, 33, 2], 0, [0]), SequenceChunk([64], 7, [1])]
     batch = build_step_batch(chunks, 8, num_tokens=num_tokens)
@@ -123,13 +183,16 @@ def test_an_engine_with_tiled_weights_generates_what_the_dense_one_does(tiny_mod
     from jaxllm.llm import LLM
     from jaxllm.sampling_params import SamplingParams
 
-    select = engine_module.select_kernels
+    select, pack = engine_module.select_kernels, tiled_params.pack_tiles
     outputs = {}
     for choice in ("reference", "cpu"):
         monkeypatch.setattr(engine_module, "select_kernels",
                             lambda *a, **k: dataclasses.replace(select(*a, **k), amx_matmul=choice))
+        packed = []  # the arrays packed: the engine's own load packs them on the host as it reads them
+        monkeypatch.setattr(tiled_params, "pack_tiles", lambda w, **k: packed.append(type(w)) or pack(w, **k))
         llm = LLM(model=str(tiny_model_with_tokenizer), dtype="bfloat16", max_num_seqs=4, max_model_len=64,
                   compilation_cache=False)
+        assert packed == ([np.ndarray] * (1 + 4 * 2) if choice == "cpu" else [])  # the head, 4 linears x 2 layers
         head, down = llm.engine.runner.params.embed, llm.engine.runner.params.layers[0].w_down
         assert isinstance(head, weights.TiledWeight) == isinstance(down, weights.TiledWeight) == (choice == "cpu")
         assert llm.engine.loaded.params.embed is head  # one copy of the table
