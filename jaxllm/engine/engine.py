@@ -101,7 +101,7 @@ class LLMEngine:
             load_tokenizer(self.loaded.source)
         self.model_config = self.loaded.config
         self.speculative_config = SpeculativeConfig.from_dict(args.speculative_config)
-        draft = self._load_draft(args)  # None unless a draft model proposes; it shares the memory budget
+        draft = self._load_draft(args, kernels)  # None unless a draft model proposes; it shares the memory budget
         # every process's pool (and so the default max_model_len) must have the same shape
         self.scheduler_config, self.cache_config = args.resolve(self.loaded, distributed.agree_on_minimum, draft)
         self.eos_token_ids = self._eos_token_ids()  # every id that ends a generation
@@ -130,14 +130,16 @@ class LLMEngine:
             if self.drafter is not None:
                 self.drafter.runner.warmup()
 
-    def _load_draft(self, args: EngineArgs):
+    def _load_draft(self, args: EngineArgs, kernels):
         """The draft model (speculative_config's model) on its device, before the KV pools are sized (its
-        weights and pool share the budget); None unless a draft model proposes."""
+        weights and pool share the budget; its linears as tiles where their kernel runs); None unless a draft
+        model proposes."""
         spec = self.speculative_config
         if spec is None or spec.method != "draft_model":
             return None
         check_draft_parallel(spec.model, self.parallel_config.num_processes)
-        _, draft = _place(load_host_model(spec.model, dtype=args.dtype), ParallelConfig())  # the first device
+        host = load_host_model(spec.model, dtype=args.dtype, as_tiles=tiles_wanted(kernels, 1))
+        _, draft = _place(host, ParallelConfig())  # the first device
         return draft
 
     def _draft_proposer(self, draft, args: EngineArgs, kernels) -> DraftProposer | None:

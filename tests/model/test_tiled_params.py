@@ -206,3 +206,22 @@ def test_an_engine_with_tiled_weights_generates_what_the_dense_one_does(tiny_mod
         for a, b in zip(dense.outputs[0].logprobs, tiled.outputs[0].logprobs):
             assert a.keys() == b.keys()
             assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
+def test_an_engines_draft_model_is_packed_as_it_loads(tiny_model_with_tokenizer, monkeypatch):
+    """With the AMX kernel chosen, the draft model of speculative decoding is read as tiles too (the engine is
+    only built here: no kernel runs)."""
+    import jaxllm.engine.engine as engine_module
+    from jaxllm.llm import LLM
+
+    select, pack = engine_module.select_kernels, tiled_params.pack_tiles
+    monkeypatch.setattr(engine_module, "select_kernels",
+                        lambda *a, **k: dataclasses.replace(select(*a, **k), amx_matmul="cpu"))
+    packed = []
+    monkeypatch.setattr(tiled_params, "pack_tiles", lambda w, **k: packed.append(type(w)) or pack(w, **k))
+    spec = {"method": "draft_model", "model": str(tiny_model_with_tokenizer), "num_speculative_tokens": 2}
+    llm = LLM(model=str(tiny_model_with_tokenizer), dtype="bfloat16", speculative_config=spec, max_num_seqs=4,
+              max_model_len=64, compilation_cache=False)
+    assert packed == [np.ndarray] * (2 * (1 + 4 * 2))  # target and draft: the head, 4 linears x 2 layers each
+    draft = llm.engine.drafter.runner.params
+    assert isinstance(draft.embed, weights.TiledWeight) and isinstance(draft.layers[1].w_qkv, weights.TiledWeight)
