@@ -1,12 +1,14 @@
 """Where a jitted forward's device time goes, by XLA operation kind: a jax.profiler trace of the default model's
 step (the layers and the LM head, the weights stored as the engine's runner stores them: on a CPU with AMX the
-head and the layers' linears as AMX tiles), its events summed by name with the instance numbers dropped.
+head and the layers' linears as AMX tiles), its events summed by name with the instance numbers dropped; a native
+call is named by its FFI target and, for a dot, the weight it reads (from the compiled program's text).
 
     cd benchmarks && python forward_ops.py --batch 64 --new-tokens 1 --context 192   # a decode step
     cd benchmarks && python forward_ops.py --batch 4 --new-tokens 128 --context 0    # a 512-token prefill
 
-Kinds on CPU: ynn_fusion (XLA's dots, YNNPACK), ffi_call (the native kernels: attention, K/V write, skinny,
-argmax and, over tiles, the AMX matmul), *_fusion (XLA's elementwise loops), psum (all-reduces), copy. The pool is
+Kinds on CPU: ynn_fusion (XLA's dots, YNNPACK), ffi_call:TARGET (the native kernels: attention, K/V write,
+skinny, argmax and, over tiles, the AMX matmul; ffi_call:jaxllm_tiled_matmul:w_qkv is the AMX kernel's dot with a
+layer's q|k|v weight), *_fusion (XLA's elementwise loops), psum (all-reduces), copy. The pool is
 not donated here, so a `copy` of the whole K/V pool (two a step) belongs to this benchmark, not to the engine's
 program, which donates it.
 """
@@ -38,8 +40,22 @@ def step_inputs(config, batch: int, new_tokens: int, context: int, dtype):
     return kv, build_step_batch(chunks, BLOCK_SIZE)
 
 
-def op_times(trace_dir: Path, calls: int) -> dict[str, tuple[float, int]]:
-    """kind -> (ms a call of the step, events a call) from the trace's device-side events."""
+def native_call_names(program_text: str) -> dict[str, str]:
+    """A compiled program's custom-call instructions (e.g. "ffi_call.427") -> "ffi_call:TARGET", with ":FIELD"
+    added when an operand is a weight parameter (params_layers_0__w_qkv_tiles -> w_qkv, params_embed_tiles ->
+    embed)."""
+    names = {}
+    for line in program_text.splitlines():
+        call = re.match(r"\s*(?:ROOT )?%?([\w.-]+) = .*custom_call_target=\"([^\"]+)\"", line)
+        if call:
+            weight = re.search(r"%params_(?:layers_\d+__)?([a-z_]+?)(?:_tiles)?(?:\.\d+)?[,)]", line)
+            names[call.group(1)] = f"ffi_call:{call.group(2)}" + (f":{weight.group(1)}" if weight else "")
+    return names
+
+
+def op_times(trace_dir: Path, calls: int, names: dict[str, str]) -> dict[str, tuple[float, int]]:
+    """kind -> (ms a call of the step, events a call) from the trace's device-side events; `names`: an event's
+    kind by its name where native_call_names gives one."""
     from jax.profiler import ProfileData
 
     data = ProfileData.from_file(str(next(trace_dir.rglob("*.xplane.pb"))))
@@ -51,7 +67,7 @@ def op_times(trace_dir: Path, calls: int) -> dict[str, tuple[float, int]]:
             for event in line.events:
                 if event.name.startswith(("ThunkExecutor", "end:")):
                     continue
-                kind = re.sub(r"\.\d+", "", event.name)
+                kind = names.get(event.name) or re.sub(r"\.\d+", "", event.name)
                 totals[kind][0] += event.duration_ns / 1e6 / calls
                 totals[kind][1] += 1
     return {kind: (ms, count // calls) for kind, (ms, count) in totals.items()}
@@ -72,13 +88,14 @@ def main():
     params = tile_params(loaded.params, kernels, num_devices=1)  # stored as the engine's runner stores them
     kv, batch = step_inputs(loaded.config, args.batch, args.new_tokens, args.context, jnp.dtype(args.dtype))
     step = step_program(loaded.config, kernels, kernels)
+    names = native_call_names(step.lower(params, kv, batch).compile().as_text())
     for _ in range(3):
         jax.block_until_ready(step(params, kv, batch))
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             for _ in range(args.calls):
                 jax.block_until_ready(step(params, kv, batch))
-        times = op_times(Path(trace_dir), args.calls)
+        times = op_times(Path(trace_dir), args.calls, names)
     print(f"{args.batch} x {args.new_tokens} new tokens after {args.context}, {args.dtype}, {kernels}\n")
     print("| kind | ms a step | events a step |\n|---|---:|---:|")
     for kind, (ms, count) in sorted(times.items(), key=lambda item: -item[1][0])[:args.top]:
