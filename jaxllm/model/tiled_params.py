@@ -28,7 +28,7 @@ from jaxllm.model import weights
 from jaxllm.model.host_arrays import aligned_empty
 from jaxllm.model.kernels import Kernels
 from jaxllm.model.params import LINEAR_FIELDS, LayerParams, LlamaParams
-from pallas_kernels.amx_matmul.reference import TILE, pack_tiles
+from pallas_kernels.amx_matmul.reference import TILE, pack_tiles, tiles_shape
 
 
 def tile_params(params: LlamaParams, kernels: Kernels, num_devices: int) -> LlamaParams:
@@ -66,8 +66,7 @@ def _tiled(w) -> weights.TiledWeight:
 
 def _pack_on_host(w: np.ndarray) -> np.ndarray:
     """pack_tiles of a host array into memory a CPU device uses in place (model/host_arrays)."""
-    n, k = w.shape
-    return pack_tiles(w, out=aligned_empty((n // TILE, k // TILE, 2, 16, TILE), w.dtype))  # [N/32, K/32, 2, 16, 32]
+    return pack_tiles(w, out=aligned_empty(tiles_shape(*w.shape), w.dtype))  # [N/32, K/32, 2, 16, 32]
 
 
 def takes_tiles(w) -> bool:

@@ -14,6 +14,11 @@ import numpy as np
 TILE = 32  # N and K must be multiples of it
 
 
+def tiles_shape(n: int, k: int) -> tuple[int, ...]:
+    """The tiles' shape [N/32, K/32, 2, 16, 32] of a weight [N, K]."""
+    return n // TILE, k // TILE, 2, 16, TILE
+
+
 def pack_tiles(w, out: np.ndarray | None = None):
     """w [N, K] (numpy or jax) -> [N/32, K/32, 2, 16, 32]: a block of 32 rows is one contiguous run of K/32 steps,
     each two 16 x 32 tiles (rows 0-15, then 16-31 of the block). A numpy w's tiles are written into `out` when
@@ -21,7 +26,7 @@ def pack_tiles(w, out: np.ndarray | None = None):
     n, k = w.shape
     if n % TILE or k % TILE:
         raise ValueError(f"a tiled weight's rows and columns must be multiples of {TILE}; got [{n}, {k}]")
-    tiles = w.reshape(n // TILE, 2, 16, k // TILE, TILE).transpose(0, 3, 1, 2, 4)
+    tiles = w.reshape(n // TILE, 2, 16, k // TILE, TILE).transpose(0, 3, 1, 2, 4)  # tiles_shape(n, k)
     if out is not None:
         out[...] = tiles
         return out

@@ -177,19 +177,25 @@ def test_the_forward_with_the_native_kernels_matches_the_dense_forward(tokens):
     assert len(on_tiles) >= 4  # q|k|v, o, gate|up and down in the layer body that every layer calls
 
 
+def _packed_types(monkeypatch) -> list:
+    """The types of the arrays tiled_params packs from now on (numpy: packed on the host), in order."""
+    packed, pack = [], tiled_params.pack_tiles
+    monkeypatch.setattr(tiled_params, "pack_tiles", lambda w, **k: packed.append(type(w)) or pack(w, **k))
+    return packed
+
+
 @needs_amx
 def test_an_engine_with_tiled_weights_generates_what_the_dense_one_does(tiny_model_with_tokenizer, monkeypatch):
     import jaxllm.engine.engine as engine_module
     from jaxllm.llm import LLM
     from jaxllm.sampling_params import SamplingParams
 
-    select, pack = engine_module.select_kernels, tiled_params.pack_tiles
+    select = engine_module.select_kernels
     outputs = {}
     for choice in ("reference", "cpu"):
         monkeypatch.setattr(engine_module, "select_kernels",
                             lambda *a, **k: dataclasses.replace(select(*a, **k), amx_matmul=choice))
-        packed = []  # the arrays packed: the engine's own load packs them on the host as it reads them
-        monkeypatch.setattr(tiled_params, "pack_tiles", lambda w, **k: packed.append(type(w)) or pack(w, **k))
+        packed = _packed_types(monkeypatch)  # the engine's own load packs them on the host as it reads them
         llm = LLM(model=str(tiny_model_with_tokenizer), dtype="bfloat16", max_num_seqs=4, max_model_len=64,
                   compilation_cache=False)
         assert packed == ([np.ndarray] * (1 + 4 * 2) if choice == "cpu" else [])  # the head, 4 linears x 2 layers
@@ -214,11 +220,10 @@ def test_an_engines_draft_model_is_packed_as_it_loads(tiny_model_with_tokenizer,
     import jaxllm.engine.engine as engine_module
     from jaxllm.llm import LLM
 
-    select, pack = engine_module.select_kernels, tiled_params.pack_tiles
+    select = engine_module.select_kernels
     monkeypatch.setattr(engine_module, "select_kernels",
                         lambda *a, **k: dataclasses.replace(select(*a, **k), amx_matmul="cpu"))
-    packed = []
-    monkeypatch.setattr(tiled_params, "pack_tiles", lambda w, **k: packed.append(type(w)) or pack(w, **k))
+    packed = _packed_types(monkeypatch)
     spec = {"method": "draft_model", "model": str(tiny_model_with_tokenizer), "num_speculative_tokens": 2}
     llm = LLM(model=str(tiny_model_with_tokenizer), dtype="bfloat16", speculative_config=spec, max_num_seqs=4,
               max_model_len=64, compilation_cache=False)
