@@ -48,13 +48,18 @@ def gated_mlp_sums(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels =
     product each round once, computed in float32 (as torch's kernels do): jnp ops on 16-bit arrays would round after
     every primitive of the activation, which costs a conversion pair each on CPU and drifts further from the
     checkpoint's own arithmetic."""
-    gate_up = weights.dot(x, w_gate_up, kernels)  # [T, 2F] float32
-    if (kernels.silu_and_mul == "cpu" and activation == "silu" and x.dtype == jnp.bfloat16
-            and math.prod(x.shape[:-1]) >= SILU_KERNEL_MIN_ROWS):
-        hidden = silu_and_mul_cpu(gate_up)  # [T, F]: the reference's roundings, exp at a tenth of XLA:CPU's cost
-    else:
-        hidden = gated_activation_reference(gate_up.astype(x.dtype), activation)  # [T, F]
+    hidden = weights.fused_silu_and_mul(x, w_gate_up, kernels) if activation == "silu" else None  # [T, F]
+    if hidden is None:  # the activation apart from the projection
+        hidden = _gated_activation(weights.dot(x, w_gate_up, kernels), x.dtype, activation, kernels)
     return linear_sums(hidden, w_down, kernels=kernels)  # [T, H] float32
+
+
+def _gated_activation(gate_up: jax.Array, dtype, activation: str, kernels: Kernels) -> jax.Array:
+    """act(gate) * up [T, F] in dtype from the gate|up projection's float32 sums [T, 2F]."""
+    if (kernels.silu_and_mul == "cpu" and activation == "silu" and dtype == jnp.bfloat16
+            and math.prod(gate_up.shape[:-1]) >= SILU_KERNEL_MIN_ROWS):
+        return silu_and_mul_cpu(gate_up)  # the reference's roundings, exp at a tenth of XLA:CPU's cost
+    return gated_activation_reference(gate_up.astype(dtype), activation)
 
 
 def swiglu(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE) -> jax.Array:

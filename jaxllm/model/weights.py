@@ -35,7 +35,7 @@ from flax import struct
 
 from jaxllm.model.host_arrays import aligned_concatenate
 from jaxllm.model.kernels import REFERENCE, Kernels
-from pallas_kernels.amx_matmul.cpu import tiled_matmul_cpu
+from pallas_kernels.amx_matmul.cpu import tiled_matmul_cpu, tiled_silu_matmul_cpu
 from pallas_kernels.amx_matmul.reference import TILE, tiled_dot, tiled_rows
 from pallas_kernels.skinny_matmul.cpu import skinny_matmul, skinny_supports
 
@@ -73,15 +73,29 @@ class TiledWeight(WeightFormat):
     """A dense bfloat16 weight W [N, K] stored as AMX tiles, `tiles` [N/32, K/32, 2, 16, 32]
     (pallas_kernels/amx_matmul: a block of 32 rows is one contiguous run in the order the kernel reads it). Its
     dot runs the skinny kernel on the tiles for at most TILED_SKINNY_MAX_ROWS rows of x where Kernels.matvec16 is
-    "native", the AMX kernel where Kernels.amx_matmul is "cpu", else the jnp contract (the tiles laid back out)."""
+    "native", the AMX kernel where Kernels.amx_matmul is "cpu", else the jnp contract (the tiles laid back out).
+    Where the AMX kernel runs, a gate|up weight's dot can also end in the gated MLP's SiLU (`silu_and_mul`)."""
     tiles: jax.Array
 
     def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
-        if kernels.matvec16 == "native" and _rows(x) <= TILED_SKINNY_MAX_ROWS and skinny_supports(x, self.tiles):
+        if self._takes_skinny(x, kernels):
             return skinny_matmul(x, self.tiles)
-        if kernels.amx_matmul == "cpu" and x.dtype == jnp.bfloat16:
+        if self._takes_amx(x, kernels):
             return tiled_matmul_cpu(x, self.tiles)
         return tiled_dot(x, self.tiles)
+
+    def silu_and_mul(self, x: jax.Array, kernels: Kernels) -> jax.Array | None:
+        """For a gate|up weight [2F, K]: silu(gate) * up [..., F] bfloat16 in one AMX call, the activation in the
+        dot's epilogue, where its dot would run the AMX kernel and F is a multiple of 32; else None."""
+        if self._takes_skinny(x, kernels) or not self._takes_amx(x, kernels) or self.tiles.shape[0] % 2:
+            return None
+        return tiled_silu_matmul_cpu(x, self.tiles)
+
+    def _takes_skinny(self, x: jax.Array, kernels: Kernels) -> bool:
+        return kernels.matvec16 == "native" and _rows(x) <= TILED_SKINNY_MAX_ROWS and skinny_supports(x, self.tiles)
+
+    def _takes_amx(self, x: jax.Array, kernels: Kernels) -> bool:
+        return kernels.amx_matmul == "cpu" and x.dtype == jnp.bfloat16
 
     def leaf_axes(self, axes: Axes) -> TiledWeight:
         rows, columns = axes  # the dense W [N, K]: the tiles are [N/32, K/32, 2, 16, 32]
@@ -103,6 +117,12 @@ class TiledWeight(WeightFormat):
 def embedding_rows(embed: Any, token_ids: jax.Array) -> jax.Array:
     """embed[token_ids] [T, H] for a dense table [V, H] or one stored as tiles (a tied LM head's)."""
     return embed.rows(token_ids) if isinstance(embed, TiledWeight) else embed[token_ids]
+
+
+def fused_silu_and_mul(x: jax.Array, w_gate_up: Any, kernels: Kernels = REFERENCE) -> jax.Array | None:
+    """silu(gate) * up [..., F] in x.dtype straight from x where w_gate_up's format fuses the activation into its
+    dot (TiledWeight.silu_and_mul); None where the caller takes the dot's sums and the activation apart."""
+    return w_gate_up.silu_and_mul(x, kernels) if isinstance(w_gate_up, TiledWeight) else None
 
 
 def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE) -> jax.Array:

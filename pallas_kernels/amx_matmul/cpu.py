@@ -1,5 +1,6 @@
 """The tiled matmul on Intel AMX as one native XLA FFI call (cpu_kernel.cc): bfloat16 x [..., K] times a weight
-stored as AMX tiles (reference.py's `pack_tiles`). Same contract as reference.py's `tiled_dot`, tested against it.
+stored as AMX tiles (reference.py's `pack_tiles`). Same contract as reference.py's `tiled_dot`, tested against it;
+and a gate|up projection with the gated MLP's SiLU and product in its epilogue (`tiled_silu_matmul_cpu`).
 The library is built at first use (pallas_kernels/native_build.py); `amx_matmul_error()` says why it cannot run on
 this machine (None when it can).
 """
@@ -15,21 +16,42 @@ import jax.numpy as jnp
 
 from pallas_kernels.native_build import CpuTarget, NativeBuildError, load_native_library
 
-KERNEL = CpuTarget(Path(__file__).with_name("cpu_kernel.cc"), "JaxllmTiledMatmul", "jaxllm_tiled_matmul")
+_SOURCE = Path(__file__).with_name("cpu_kernel.cc")
+KERNEL = CpuTarget(_SOURCE, "JaxllmTiledMatmul", "jaxllm_tiled_matmul")
+SILU_KERNEL = CpuTarget(_SOURCE, "JaxllmTiledSiluMatmul", "jaxllm_tiled_silu_matmul")
 
 
 def tiled_matmul_cpu(x: jax.Array, tiles: jax.Array) -> jax.Array:
     """x [..., K] bfloat16 @ w.T -> [..., N] float32 for tiles [N/32, K/32, 2, 16, 32] bfloat16 of w [N, K]."""
+    _check_operands(x, tiles)
+    return _call(KERNEL, x, tiles.shape[0] * 32, jnp.float32, tiles)  # [..., N]
+
+
+def tiled_silu_matmul_cpu(x: jax.Array, tiles: jax.Array) -> jax.Array:
+    """silu(gate) * up [..., F] bfloat16 for x [..., K] bfloat16 and the tiles [2F/32, K/32, 2, 16, 32] of a gate|up
+    weight [2F, K] (gate rows, then up rows; F a multiple of 32): the gated MLP's activation on the projection's
+    float32 sums, rounded as silu_and_mul/reference.py's on those sums rounded to bfloat16, in one call."""
+    _check_operands(x, tiles)
+    if tiles.shape[0] % 2:
+        raise ValueError(f"the fused SiLU takes the tiles of a gate|up weight [2F, K] with F a multiple of 32; got "
+                         f"tiles {list(tiles.shape)} ({tiles.shape[0] * 32} rows)")
+    return _call(SILU_KERNEL, x, tiles.shape[0] // 2 * 32, jnp.bfloat16, tiles)  # [..., F]
+
+
+def _check_operands(x: jax.Array, tiles: jax.Array) -> None:
     bf16 = jnp.dtype(jnp.bfloat16)
     if (x.dtype != bf16 or tiles.dtype != bf16 or tiles.ndim != 5 or tiles.shape[2:] != (2, 16, 32)
             or x.shape[-1] != tiles.shape[1] * 32 or math.prod(x.shape[:-1]) < 1):
         raise ValueError(f"the AMX kernel takes bfloat16 x [..., K] and tiles [N/32, K/32, 2, 16, 32]; got x "
                          f"{x.dtype}{list(x.shape)}, tiles {tiles.dtype}{list(tiles.shape)}")
-    KERNEL.register()
+
+
+def _call(target: CpuTarget, x: jax.Array, n: int, dtype, tiles: jax.Array) -> jax.Array:
+    """The target's [..., n] result in dtype for x [..., K] (its rows flattened for the call)."""
+    target.register()
     rows = x.reshape(-1, x.shape[-1])  # [M, K]
-    n = tiles.shape[0] * 32
-    out = jax.ffi.ffi_call(KERNEL.name, jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32))(rows, tiles)
-    return out.reshape(*x.shape[:-1], n)  # [..., N]
+    out = jax.ffi.ffi_call(target.name, jax.ShapeDtypeStruct((rows.shape[0], n), dtype))(rows, tiles)
+    return out.reshape(*x.shape[:-1], n)
 
 
 @functools.cache

@@ -13,6 +13,16 @@
 // the activation block (16 rows for M <= 16, else 32) and zero rows, which is B's layout. A work item takes a run
 // of weight blocks; for each, every activation block: the weight block's two A tiles times the block's one or two
 // B tiles into two or four C tiles over K, each C^T tile then transposed in registers and stored into out.
+//
+// A second handler fuses the gated MLP's SiLU and product into the gate|up projection (the contract of
+// silu_and_mul/reference.py's "silu" on tiled_dot's sums rounded to bfloat16):
+//
+//   x [M, K] bfloat16, tiles of w_gate_up [2F, K] (gate rows, then up rows; F a multiple of 32)
+//   ->  out [M, F] bfloat16 = silu(gate) * up, rounded as silu16.h says,
+//
+// a unit of work being gate block j and up block j (two streams of weights) against one activation block, whose
+// float32 sums stay in L1 until the epilogue writes the bfloat16 product: no [M, 2F] float32 sums in memory and no
+// second pass over them.
 
 #include <algorithm>
 #include <cstdint>
@@ -21,6 +31,7 @@
 
 #include "amx.h"
 #include "parallel_for.h"
+#include "silu16.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -62,86 +73,170 @@ inline void PrefetchStep(const uint16_t* next_block, int64_t k_step) {
     _mm_prefetch(step + line, _MM_HINT_T1);
 }
 
-// out[m0 .. m0 + rows_in_block, 0 .. 32] (out already offset to the block's first column) for the activation
-// blocks m_begin .. m_end of kMb rows (16: one B tile; 32: two): `block` is the weight block [K/32, 2, 16, 32].
+// The float32 sums of the weight block `block` [K/32, 2, 16, 32] against the activation rows m0 .. m0 + kMb, as C^T
+// tiles [16 weight rows, 16 activation rows]: ct[2h + 0] and ct[2h + 1] hold the block's rows 0-15 and 16-31 against
+// rows m0 + 16h .. + 16, h < kMb / 16. next_block (nullptr: none) is asked for as the steps go.
+template <int kMb>
+inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t m0, int64_t K,
+                      int64_t Mp, float (*ct)[16 * 16]) {
+  const int64_t x_stride = Mp * sizeof(uint32_t), steps = K / 32;
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (kMb == 32) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    PrefetchStep(next_block, s);
+    const uint16_t* a = block + s * kStepElems;
+    _tile_loadd(4, a, 64);                   // weight rows 0 .. 16 of the block, columns 32s .. 32s + 32
+    _tile_loadd(5, a + kStepElems / 2, 64);  // rows 16 .. 32
+    _tile_loadd(6, xp + s * 16 * Mp + m0, x_stride);  // pairs 16s .. 16s + 16 of activation rows m0 .. m0 + 16
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    if constexpr (kMb == 32) {
+      _tile_loadd(7, xp + s * 16 * Mp + m0 + 16, x_stride);  // of rows m0 + 16 .. m0 + 32
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, ct[0], 64);
+  _tile_stored(1, ct[1], 64);
+  if constexpr (kMb == 32) {
+    _tile_stored(2, ct[2], 64);
+    _tile_stored(3, ct[3], 64);
+  }
+}
+
+// The activation rows (of 16) that half h of the activation block at m0 holds: M - m0 - 16h within [0, 16].
+inline int64_t RowsOf(int64_t M, int64_t m0, int h) { return std::clamp<int64_t>(M - m0 - 16 * h, 0, 16); }
+
+// out[m0 .. m0 + kMb, 0 .. 32] for the activation blocks m0 = m_begin, ... < m_end, out offset to the block's first
+// column (rows N apart): the weight block's sums, transposed into place.
 template <int kMb>
 void WeightBlock(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t m_begin,
                  int64_t m_end, int64_t M, int64_t K, int64_t N, int64_t Mp, float* out) {
   alignas(64) float ct[4][16 * 16];
-  const int64_t x_stride = Mp * sizeof(uint32_t), steps = K / 32;
   for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
-    _tile_zero(0);
-    _tile_zero(2);
-    if constexpr (kMb == 32) {
-      _tile_zero(1);
-      _tile_zero(3);
-    }
-    for (int64_t s = 0; s < steps; ++s) {
-      if (m0 == m_begin) PrefetchStep(next_block, s);
-      const uint16_t* a = block + s * kStepElems;
-      _tile_loadd(4, a, 64);            // weight rows 0 .. 16 of the block, columns 32s .. 32s + 32
-      _tile_loadd(5, a + kStepElems / 2, 64);  // rows 16 .. 32
-      _tile_loadd(6, xp + s * 16 * Mp + m0, x_stride);  // pairs 16s .. 16s + 16 of activation rows m0 .. m0 + 16
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (kMb == 32) {
-        _tile_loadd(7, xp + s * 16 * Mp + m0 + 16, x_stride);  // of rows m0 + 16 .. m0 + 32
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-    }
-    _tile_stored(0, ct[0], 64);
-    _tile_stored(2, ct[2], 64);
-    const int64_t low = std::clamp<int64_t>(M - m0, 0, 16);
-    float* at = out + m0 * N;
-    StoreTransposed(ct[0], low, N, at);
-    StoreTransposed(ct[2], low, N, at + 16);
-    if constexpr (kMb == 32) {
-      _tile_stored(1, ct[1], 64);
-      _tile_stored(3, ct[3], 64);
-      const int64_t high = std::clamp<int64_t>(M - m0 - 16, 0, 16);
-      StoreTransposed(ct[1], high, N, at + 16 * N);
-      StoreTransposed(ct[3], high, N, at + 16 * N + 16);
+    BlockSums<kMb>(block, m0 == m_begin ? next_block : nullptr, xp, m0, K, Mp, ct);
+    for (int h = 0; h < kMb / 16; ++h) {
+      float* at = out + (m0 + 16 * h) * N;
+      StoreTransposed(ct[2 * h], RowsOf(M, m0, h), N, at);
+      StoreTransposed(ct[2 * h + 1], RowsOf(M, m0, h), N, at + 16);
     }
   }
 }
 
+// ct [16, 16] <- its transpose (C^T's rows become activation rows).
+inline void TransposeInPlace(float* ct) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(ct + 16 * i);
+  Transpose16(r);
+  for (int i = 0; i < 16; ++i) _mm512_store_ps(ct + 16 * i, r[i]);
+}
+
+// out[m0 .. m0 + kMb, 0 .. 32] bfloat16 = silu(gate) * up (silu16.h) for the activation blocks m_begin .. m_end of
+// a gate block and its up block (the weight's blocks j and F/32 + j), out offset to column 32j (rows F apart).
 template <int kMb>
-void TiledMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K, int64_t N,
-                 float* out) {
+void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint16_t* next_gate,
+                const uint16_t* next_up, const uint32_t* xp, int64_t m_begin, int64_t m_end, int64_t M, int64_t K,
+                int64_t F, int64_t Mp, uint16_t* out) {
+  alignas(64) float gate[4][16 * 16], up[4][16 * 16];
+  for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
+    BlockSums<kMb>(gate_block, m0 == m_begin ? next_gate : nullptr, xp, m0, K, Mp, gate);
+    BlockSums<kMb>(up_block, m0 == m_begin ? next_up : nullptr, xp, m0, K, Mp, up);
+    for (int t = 0; t < kMb / 8; ++t) {  // tile t: weight rows 16 (t % 2) .. + 16 against activation rows 16 (t / 2) ..
+      TransposeInPlace(gate[t]);
+      TransposeInPlace(up[t]);
+      uint16_t* at = out + (m0 + 16 * (t / 2)) * F + 16 * (t % 2);
+      for (int64_t j = 0; j < RowsOf(M, m0, t / 2); ++j)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + j * F),
+                            jaxllm::SiluMul16(_mm512_load_ps(gate[t] + 16 * j), _mm512_load_ps(up[t] + 16 * j)));
+    }
+  }
+}
+
+// x [M, K] repacked into pairs (tile B's layout), Mp = M rounded up to kMb rows.
+template <int kMb>
+std::vector<uint32_t> PackedActivations(const uint16_t* x, int64_t M, int64_t K) {
   const int64_t Mp = (M + kMb - 1) / kMb * kMb;
   std::vector<uint32_t> xp(static_cast<size_t>(K / 2 * Mp));
   PackPairs(x, M, K, Mp, xp.data());
-  // units of work: (weight block, activation block), weight-block-major so that an item's units share weights
-  const int64_t blocks = N / kRows, row_blocks = Mp / kMb, units = blocks * row_blocks;
-  const int64_t block_elems = kRows * K, unit_bytes = block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
-  const int64_t max_items = 4 * (pool.num_threads() + 1);
+  return xp;
+}
+
+// Runs block(b, next_is_mine, r_begin, r_end) over the units (weight block b < blocks, activation block r <
+// row_blocks), weight-block-major in runs that share a weight block, as work items of at least kMinItemBytes of
+// weights each (unit_bytes a unit) on XLA's intra-op threads and the calling thread, each with its tiles configured.
+// next_is_mine: the item also reads block b + 1 (worth asking for early).
+template <typename Block>
+void ForEachUnit(ffi::ThreadPool& pool, int64_t blocks, int64_t row_blocks, int64_t unit_bytes, Block block) {
+  const int64_t units = blocks * row_blocks, max_items = 4 * (pool.num_threads() + 1);
   const int64_t items = std::clamp<int64_t>(units * unit_bytes / kMinItemBytes, 1, std::min(units, max_items));
-  const uint32_t* packed = xp.data();
   jaxllm::ParallelFor(pool, items, [=](int64_t i) {
     ConfigureTiles();  // tile state is per thread
     const int64_t end = (i + 1) * units / items;
     for (int64_t u = i * units / items; u < end;) {
       const int64_t b = u / row_blocks, r = u % row_blocks, run = std::min(row_blocks - r, end - u);
-      const bool next_is_mine = b + 1 < blocks && (b + 1) * row_blocks < end;  // this item also reads block b + 1
-      WeightBlock<kMb>(tiles + b * block_elems, next_is_mine ? tiles + (b + 1) * block_elems : nullptr, packed,
-                       r * kMb, (r + run) * kMb, M, K, N, Mp, out + b * kRows);
+      block(b, b + 1 < blocks && (b + 1) * row_blocks < end, r, r + run);
       u += run;
     }
     _tile_release();
   });
 }
 
+template <int kMb>
+void TiledMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K, int64_t N,
+                 float* out) {
+  const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
+  const int64_t Mp = static_cast<int64_t>(xp.size()) / (K / 2), row_blocks = Mp / kMb, block_elems = kRows * K;
+  const int64_t unit_bytes = block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
+  const uint32_t* packed = xp.data();
+  ForEachUnit(pool, N / kRows, row_blocks, unit_bytes, [=](int64_t b, bool next_is_mine, int64_t r0, int64_t r1) {
+    const uint16_t* block = tiles + b * block_elems;
+    WeightBlock<kMb>(block, next_is_mine ? block + block_elems : nullptr, packed, r0 * kMb, r1 * kMb, M, K, N, Mp,
+                     out + b * kRows);
+  });
+}
+
+// The gate|up projection's SiLU and product: tiles of w_gate_up [2F, K] (gate rows, then up rows), F a multiple of
+// 32; a unit is gate block j and up block j against one activation block.
+template <int kMb>
+void TiledSiluMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K,
+                     int64_t F, uint16_t* out) {
+  const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
+  const int64_t Mp = static_cast<int64_t>(xp.size()) / (K / 2), row_blocks = Mp / kMb, block_elems = kRows * K;
+  const int64_t unit_bytes = 2 * block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
+  const int64_t up_offset = F / kRows * block_elems;  // up block j lies F/32 blocks after gate block j
+  const uint32_t* packed = xp.data();
+  ForEachUnit(pool, F / kRows, row_blocks, unit_bytes, [=](int64_t j, bool next_is_mine, int64_t r0, int64_t r1) {
+    const uint16_t* gate = tiles + j * block_elems;
+    const uint16_t* next_gate = next_is_mine ? gate + block_elems : nullptr;
+    GatedBlock<kMb>(gate, gate + up_offset, next_gate, next_gate == nullptr ? nullptr : next_gate + up_offset,
+                    packed, r0 * kMb, r1 * kMb, M, K, F, Mp, out + j * kRows);
+  });
+}
+
 #endif  // JAXLLM_AMX
 
-ffi::Error TiledMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> tiles,
-                              ffi::ResultBuffer<ffi::F32> out) {
+// Why the kernel cannot take x [M, K] and these tiles here (success: it can).
+ffi::Error CheckOperands(ffi::Buffer<ffi::BF16>& x, ffi::Buffer<ffi::BF16>& tiles) {
   const auto xd = x.dimensions(), td = tiles.dimensions();
   if (xd.size() != 2 || td.size() != 5 || td[2] != 2 || td[3] != 16 || td[4] != 32 || xd[1] != td[1] * 32)
     return ffi::Error::InvalidArgument("x must be [M, K] and tiles [N/32, K/32, 2, 16, 32]");
-  const int64_t M = xd[0], K = xd[1], N = td[0] * kRows;
 #ifdef JAXLLM_AMX
   if (!TilesGranted()) return ffi::Error::Internal("the operating system did not grant AMX tile state");
+  return ffi::Error::Success();
+#else
+  return ffi::Error::Internal("built without AMX (this CPU or compiler lacks AMX-BF16)");
+#endif
+}
+
+ffi::Error TiledMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> tiles,
+                              ffi::ResultBuffer<ffi::F32> out) {
+  if (ffi::Error error = CheckOperands(x, tiles); error.failure()) return error;
+#ifdef JAXLLM_AMX
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = tiles.dimensions()[0] * kRows;
   const auto* xs = reinterpret_cast<const uint16_t*>(x.typed_data());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.typed_data());
   if (M > 16) {
@@ -149,10 +244,27 @@ ffi::Error TiledMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ff
   } else if (M > 0) {
     TiledMatmul<16>(pool, xs, ws, M, K, N, out->typed_data());
   }
-  return ffi::Error::Success();
-#else
-  return ffi::Error::Internal("built without AMX (this CPU or compiler lacks AMX-BF16)");
 #endif
+  return ffi::Error::Success();
+}
+
+ffi::Error TiledSiluMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> tiles,
+                                  ffi::ResultBuffer<ffi::BF16> out) {
+  if (ffi::Error error = CheckOperands(x, tiles); error.failure()) return error;
+  if (tiles.dimensions()[0] % 2 != 0)
+    return ffi::Error::InvalidArgument("gate|up tiles must stand for 2F rows, F a multiple of 32");
+#ifdef JAXLLM_AMX
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], F = tiles.dimensions()[0] / 2 * kRows;
+  const auto* xs = reinterpret_cast<const uint16_t*>(x.typed_data());
+  const auto* ws = reinterpret_cast<const uint16_t*>(tiles.typed_data());
+  auto* result = reinterpret_cast<uint16_t*>(out->untyped_data());
+  if (M > 16) {
+    TiledSiluMatmul<32>(pool, xs, ws, M, K, F, result);
+  } else if (M > 0) {
+    TiledSiluMatmul<16>(pool, xs, ws, M, K, F, result);
+  }
+#endif
+  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -172,4 +284,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledMatmul, TiledMatmulHandler,
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // tiles [N/32, K/32, 2, 16, 32]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [M, N]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledSiluMatmul, TiledSiluMatmulHandler,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // tiles [2F/32, K/32, 2, 16, 32] of w_gate_up
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out [M, F]
 );

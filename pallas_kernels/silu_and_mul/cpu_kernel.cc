@@ -7,8 +7,9 @@
 //   the model's bfloat16 projection output, activation and product, each rounded once.
 //
 // XLA:CPU's exp costs ~1 ns an element on the 2-core machines (the bfloat16 SiLU and product of a batch-64
-// decode step's [64, 1536] gate: ~145 us; benchmarks/RESULTS.md). Here 16 lanes at a time: exp16.h's 2^k p(r) with
-// a degree-7 polynomial (within 1e-7 relative, as the C library's), the division exact, round to nearest even.
+// decode step's [64, 1536] gate: ~145 us; benchmarks/RESULTS.md). Here 16 lanes at a time (silu16.h, which the AMX
+// gate|up kernel's epilogue shares): exp16.h's 2^k p(r) with a degree-7 polynomial (within 1e-7 relative, as the C
+// library's), the division exact, round to nearest even.
 // Rows run on XLA's intra-op thread pool and the calling thread.
 
 #include <cmath>
@@ -20,8 +21,8 @@
 #endif
 
 #include "bf16.h"
-#include "exp16.h"
 #include "parallel_for.h"
+#include "silu16.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -32,21 +33,11 @@ constexpr int64_t kMinItemElements = 1 << 14;  // output elements of one work it
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
-inline __m512 RoundBf16(__m512 x) {  // x rounded to bfloat16, as float32
-  return jaxllm::Widen16(jaxllm::Narrow16(x));
-}
-
 void Row(const float* gate, const float* up, uint16_t* out, int64_t F) {
   for (int64_t i = 0; i < F; i += 16) {
     const __mmask16 valid = F - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (F - i)) - 1);
-    const __m512 g = RoundBf16(_mm512_maskz_loadu_ps(valid, gate + i));
-    const __m512 u = RoundBf16(_mm512_maskz_loadu_ps(valid, up + i));
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 exp_minus_g = jaxllm::Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g), -87.3f, 89.0f);
-    const __m512 sigmoid = _mm512_div_ps(one, _mm512_add_ps(one, exp_minus_g));
-    const __m512 silu = _mm512_mul_ps(g, sigmoid);
-    const __m256i product = jaxllm::Narrow16(_mm512_mul_ps(RoundBf16(silu), u));
-    _mm256_mask_storeu_epi16(out + i, valid, product);
+    const __m512 g = _mm512_maskz_loadu_ps(valid, gate + i), u = _mm512_maskz_loadu_ps(valid, up + i);
+    _mm256_mask_storeu_epi16(out + i, valid, jaxllm::SiluMul16(g, u));
   }
 }
 

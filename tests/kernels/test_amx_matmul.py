@@ -1,5 +1,6 @@
 """Weights stored as AMX tiles (pallas_kernels/amx_matmul): the layout and its jnp contract on any machine, the
-native AMX kernel against exact sums where the CPU has AMX-BF16."""
+native AMX kernel against exact sums where the CPU has AMX-BF16, and its gate|up form with the SiLU in its epilogue
+against the reference activation on the kernel's own sums."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.amx_matmul.cpu import amx_matmul_error, tiled_matmul_cpu
+from pallas_kernels.amx_matmul.cpu import amx_matmul_error, tiled_matmul_cpu, tiled_silu_matmul_cpu
 from pallas_kernels.amx_matmul.reference import pack_tiles, tiled_dot, tiled_rows, unpack_tiles
+from pallas_kernels.silu_and_mul.reference import gated_activation_reference
 
 
 def _cpu_has_amx() -> bool:
@@ -89,3 +91,38 @@ def test_the_kernel_refuses_other_operands_by_their_shapes():
         tiled_matmul_cpu(jnp.zeros((4, 96), jnp.bfloat16), tiles)
     with pytest.raises(ValueError, match=r"tiles bfloat16\[64, 64\]"):
         tiled_matmul_cpu(jnp.zeros((4, 64), jnp.bfloat16), jnp.zeros((64, 64), jnp.bfloat16))
+
+
+@needs_amx
+@pytest.mark.parametrize("m,f,k", [(1, 32, 32), (3, 64, 64), (16, 96, 576), (17, 64, 96), (33, 160, 64),
+                                   (64, 1536, 576), (300, 64, 128)])
+def test_the_fused_silu_is_the_reference_activation_on_the_kernels_sums(m, f, k):
+    """silu(gate) * up straight from x: bit for bit the reference's bfloat16 activation (gate and up rounded, the
+    SiLU and the product each rounded once) on the plain kernel's float32 sums of the same gate|up weight."""
+    rng = np.random.default_rng(m * 1000 + f + k)
+    x = jnp.asarray(_bf16(rng, m, k))
+    w = np.asarray(jnp.asarray(rng.standard_normal((2 * f, k)) * rng.choice([0.05, 1.0, 8.0]), jnp.bfloat16))
+    tiles = jnp.asarray(pack_tiles(w))
+    got = np.asarray(jax.jit(tiled_silu_matmul_cpu)(x, tiles))
+    sums = jax.jit(tiled_matmul_cpu)(x, tiles)  # [m, 2f] float32: gate columns, then up
+    want = np.asarray(jax.jit(gated_activation_reference, static_argnums=1)(sums.astype(jnp.bfloat16), "silu"))
+    assert got.shape == (m, f) and got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@needs_amx
+def test_the_fused_silu_keeps_leading_axes():
+    rng = np.random.default_rng(3)
+    x, w = jnp.asarray(_bf16(rng, 2, 3, 64)), _bf16(rng, 128, 64)
+    tiles = jnp.asarray(pack_tiles(w))
+    got = jax.jit(tiled_silu_matmul_cpu)(x, tiles)
+    assert got.shape == (2, 3, 64)
+    np.testing.assert_array_equal(np.asarray(got[1, 2]), np.asarray(jax.jit(tiled_silu_matmul_cpu)(x[1, 2:], tiles))[0])
+
+
+def test_the_fused_silu_refuses_a_weight_that_is_not_gate_and_up_in_whole_blocks():
+    with pytest.raises(ValueError, match=r"gate\|up weight \[2F, K\] with F a multiple of 32; got tiles \[3, 2, 2, 16, "
+                                         r"32\] \(96 rows\)"):
+        tiled_silu_matmul_cpu(jnp.zeros((4, 64), jnp.bfloat16), jnp.zeros((3, 2, 2, 16, 32), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"got x float32\[4, 64\]"):
+        tiled_silu_matmul_cpu(jnp.zeros((4, 64), jnp.float32), jnp.zeros((2, 2, 2, 16, 32), jnp.bfloat16))

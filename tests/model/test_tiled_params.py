@@ -159,7 +159,7 @@ def test_the_forward_with_tiled_weights_is_the_dense_forward(tied):
 @needs_amx
 @pytest.mark.parametrize("tokens", [8, 1])
 def test_the_forward_with_the_native_kernels_matches_the_dense_forward(tokens):
-    """8 tokens: the layers' tiled dots on the AMX kernel; 1 token (a decode step of one sequence): on the skinny
+    """8 tokens: the layers' tiled dots on the AMX kernel, gate|up's with the SiLU in it; 1 token (a decode step of one sequence): on the skinny
     kernel reading the tiles (the LM head's one or two rows take the skinny kernel in both)."""
     config = _config()
     params = _params(config)
@@ -172,9 +172,13 @@ def test_the_forward_with_the_native_kernels_matches_the_dense_forward(tokens):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     text = jit_forward(config, kernels).lower(tiled, init_kv_cache(config, 4, 8, jnp.bfloat16),
                                               build_step_batch(chunks, 8, num_tokens=tokens)).as_text()
-    kernel = "jaxllm_tiled_matmul" if tokens == 8 else "jaxllm_skinny_matmul"
-    on_tiles = [line for line in text.splitlines() if kernel in line and "x2x16x32xbf16>" in line]
-    assert len(on_tiles) >= 4  # q|k|v, o, gate|up and down in the layer body that every layer calls
+    def on_tiles(kernel: str) -> int:  # calls of the kernel on tiles in the layer body that every layer calls
+        return sum(f"@{kernel}(" in line and "x2x16x32xbf16>" in line for line in text.splitlines())
+
+    if tokens == 8:  # q|k|v, o and down; gate|up with the SiLU in its epilogue
+        assert on_tiles("jaxllm_tiled_matmul") >= 3 and on_tiles("jaxllm_tiled_silu_matmul") >= 1
+    else:
+        assert on_tiles("jaxllm_skinny_matmul") >= 4
 
 
 def _packed_types(monkeypatch) -> list:
