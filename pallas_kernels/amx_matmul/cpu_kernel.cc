@@ -9,8 +9,8 @@
 // into a float32 tile C [16, 16]. tiles[b, s, h] is the A tile w[32b + 16h .. +16, 32s .. +32], its 16 rows of 64
 // bytes in a row, so a block of 32 weight rows is one contiguous run that the kernel reads front to back (the
 // prefetchers see one stream; the next block is prefetched while this one is used). It computes C^T = w x^T: the
-// activations are repacked, once a call, into xp [K/2, Mp] pairs (x[m, 2p], x[m, 2p+1]) with Mp = M rounded up to
-// the activation block (16 rows for M <= 16, else 32) and zero rows, which is B's layout. A work item takes a run
+// activations are repacked, once a call, into pairs (x[m, 2p], x[m, 2p+1]), B's layout, an activation block (16 rows
+// for M <= 16, else 32; zero rows past M) after another: xp [Mp/kMb, K/2, kMb]. A work item takes a run
 // of weight blocks; for each, every activation block: the weight block's two A tiles times the block's one or two
 // B tiles into two or four C tiles over K, each C^T tile then transposed in registers and stored into out.
 //
@@ -73,13 +73,15 @@ inline void PrefetchStep(const uint16_t* next_block, int64_t k_step) {
     _mm_prefetch(step + line, _MM_HINT_T1);
 }
 
-// The float32 sums of the weight block `block` [K/32, 2, 16, 32] against the activation rows m0 .. m0 + kMb, as C^T
-// tiles [16 weight rows, 16 activation rows]: ct[2h + 0] and ct[2h + 1] hold the block's rows 0-15 and 16-31 against
-// rows m0 + 16h .. + 16, h < kMb / 16. next_block (nullptr: none) is asked for as the steps go.
+// The float32 sums of the weight block `block` [K/32, 2, 16, 32] against an activation block's kMb rows (`xb`, its
+// pairs [K/2, kMb]), as C^T tiles [16 weight rows, 16 activation rows]: ct[2h + 0] and ct[2h + 1] hold the block's
+// rows 0-15 and 16-31 against the activation rows 16h .. 16h + 16, h < kMb / 16. next_block (nullptr: none) is
+// asked for as the steps go.
 template <int kMb>
-inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t m0, int64_t K,
-                      int64_t Mp, float (*ct)[16 * 16]) {
-  const int64_t x_stride = Mp * sizeof(uint32_t), steps = K / 32;
+inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const uint32_t* xb, int64_t K,
+                      float (*ct)[16 * 16]) {
+  constexpr int64_t x_stride = kMb * sizeof(uint32_t);
+  const int64_t steps = K / 32;
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (kMb == 32) {
@@ -91,11 +93,11 @@ inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const u
     const uint16_t* a = block + s * kStepElems;
     _tile_loadd(4, a, 64);                   // weight rows 0 .. 16 of the block, columns 32s .. 32s + 32
     _tile_loadd(5, a + kStepElems / 2, 64);  // rows 16 .. 32
-    _tile_loadd(6, xp + s * 16 * Mp + m0, x_stride);  // pairs 16s .. 16s + 16 of activation rows m0 .. m0 + 16
+    _tile_loadd(6, xb + s * 16 * kMb, x_stride);  // pairs 16s .. 16s + 16 of the activation rows 0 .. 16
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 5, 6);
     if constexpr (kMb == 32) {
-      _tile_loadd(7, xp + s * 16 * Mp + m0 + 16, x_stride);  // of rows m0 + 16 .. m0 + 32
+      _tile_loadd(7, xb + s * 16 * kMb + 16, x_stride);  // of the rows 16 .. 32
       _tile_dpbf16ps(2, 4, 7);
       _tile_dpbf16ps(3, 5, 7);
     }
@@ -115,10 +117,10 @@ inline int64_t RowsOf(int64_t M, int64_t m0, int h) { return std::clamp<int64_t>
 // column (rows N apart): the weight block's sums, transposed into place.
 template <int kMb>
 void WeightBlock(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t m_begin,
-                 int64_t m_end, int64_t M, int64_t K, int64_t N, int64_t Mp, float* out) {
+                 int64_t m_end, int64_t M, int64_t K, int64_t N, float* out) {
   alignas(64) float ct[4][16 * 16];
   for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
-    BlockSums<kMb>(block, m0 == m_begin ? next_block : nullptr, xp, m0, K, Mp, ct);
+    BlockSums<kMb>(block, m0 == m_begin ? next_block : nullptr, xp + m0 * (K / 2), K, ct);
     for (int h = 0; h < kMb / 16; ++h) {
       float* at = out + (m0 + 16 * h) * N;
       StoreTransposed(ct[2 * h], RowsOf(M, m0, h), N, at);
@@ -140,11 +142,12 @@ inline void TransposeInPlace(float* ct) {
 template <int kMb>
 void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint16_t* next_gate,
                 const uint16_t* next_up, const uint32_t* xp, int64_t m_begin, int64_t m_end, int64_t M, int64_t K,
-                int64_t F, int64_t Mp, uint16_t* out) {
+                int64_t F, uint16_t* out) {
   alignas(64) float gate[4][16 * 16], up[4][16 * 16];
   for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
-    BlockSums<kMb>(gate_block, m0 == m_begin ? next_gate : nullptr, xp, m0, K, Mp, gate);
-    BlockSums<kMb>(up_block, m0 == m_begin ? next_up : nullptr, xp, m0, K, Mp, up);
+    const uint32_t* xb = xp + m0 * (K / 2);  // the activation block's pairs
+    BlockSums<kMb>(gate_block, m0 == m_begin ? next_gate : nullptr, xb, K, gate);
+    BlockSums<kMb>(up_block, m0 == m_begin ? next_up : nullptr, xb, K, up);
     for (int t = 0; t < kMb / 8; ++t) {  // tile t: weight rows 16 (t % 2) .. + 16 against activation rows 16 (t / 2) ..
       TransposeInPlace(gate[t]);
       TransposeInPlace(up[t]);
@@ -156,12 +159,15 @@ void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint
   }
 }
 
-// x [M, K] repacked into pairs (tile B's layout), Mp = M rounded up to kMb rows.
+// x [M, K] repacked into pairs (tile B's layout), an activation block of kMb rows after another: [Mp/kMb, K/2, kMb]
+// with Mp = M rounded up to kMb rows, so that a block's B tiles are one contiguous run of rows 4 kMb bytes apart
+// (in one [K/2, Mp] array, rows Mp 4 bytes apart put a B tile's 16 rows in two of L1's sets once Mp is 512).
 template <int kMb>
 std::vector<uint32_t> PackedActivations(const uint16_t* x, int64_t M, int64_t K) {
-  const int64_t Mp = (M + kMb - 1) / kMb * kMb;
-  std::vector<uint32_t> xp(static_cast<size_t>(K / 2 * Mp));
-  PackPairs(x, M, K, Mp, xp.data());
+  const int64_t row_blocks = (M + kMb - 1) / kMb;
+  std::vector<uint32_t> xp(static_cast<size_t>(row_blocks * K / 2 * kMb));
+  for (int64_t r = 0; r < row_blocks; ++r)
+    PackPairs(x + r * kMb * K, std::min<int64_t>(kMb, M - r * kMb), K, kMb, xp.data() + r * kMb * (K / 2));
   return xp;
 }
 
@@ -189,12 +195,12 @@ template <int kMb>
 void TiledMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K, int64_t N,
                  float* out) {
   const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
-  const int64_t Mp = static_cast<int64_t>(xp.size()) / (K / 2), row_blocks = Mp / kMb, block_elems = kRows * K;
+  const int64_t row_blocks = (M + kMb - 1) / kMb, block_elems = kRows * K;
   const int64_t unit_bytes = block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
   const uint32_t* packed = xp.data();
   ForEachUnit(pool, N / kRows, row_blocks, unit_bytes, [=](int64_t b, bool next_is_mine, int64_t r0, int64_t r1) {
     const uint16_t* block = tiles + b * block_elems;
-    WeightBlock<kMb>(block, next_is_mine ? block + block_elems : nullptr, packed, r0 * kMb, r1 * kMb, M, K, N, Mp,
+    WeightBlock<kMb>(block, next_is_mine ? block + block_elems : nullptr, packed, r0 * kMb, r1 * kMb, M, K, N,
                      out + b * kRows);
   });
 }
@@ -205,7 +211,7 @@ template <int kMb>
 void TiledSiluMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K,
                      int64_t F, uint16_t* out) {
   const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
-  const int64_t Mp = static_cast<int64_t>(xp.size()) / (K / 2), row_blocks = Mp / kMb, block_elems = kRows * K;
+  const int64_t row_blocks = (M + kMb - 1) / kMb, block_elems = kRows * K;
   const int64_t unit_bytes = 2 * block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
   const int64_t up_offset = F / kRows * block_elems;  // up block j lies F/32 blocks after gate block j
   const uint32_t* packed = xp.data();
@@ -213,7 +219,7 @@ void TiledSiluMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* t
     const uint16_t* gate = tiles + j * block_elems;
     const uint16_t* next_gate = next_is_mine ? gate + block_elems : nullptr;
     GatedBlock<kMb>(gate, gate + up_offset, next_gate, next_gate == nullptr ? nullptr : next_gate + up_offset,
-                    packed, r0 * kMb, r1 * kMb, M, K, F, Mp, out + j * kRows);
+                    packed, r0 * kMb, r1 * kMb, M, K, F, out + j * kRows);
   });
 }
 
