@@ -161,7 +161,7 @@ void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint
 
 // x [M, K] repacked into pairs (tile B's layout), an activation block of kMb rows after another: [Mp/kMb, K/2, kMb]
 // with Mp = M rounded up to kMb rows, so that a block's B tiles are one contiguous run of rows 4 kMb bytes apart
-// (in one [K/2, Mp] array, rows Mp 4 bytes apart put a B tile's 16 rows in two of L1's sets once Mp is 512).
+// (in one [K/2, Mp] array, rows 4 Mp bytes apart put a B tile's 16 rows in two of L1's sets once Mp is 512).
 template <int kMb>
 std::vector<uint32_t> PackedActivations(const uint16_t* x, int64_t M, int64_t K) {
   const int64_t row_blocks = (M + kMb - 1) / kMb;
