@@ -18,10 +18,10 @@
     silu_and_mul cpu, reference            cpu on CPU where it builds (the gated MLP's bfloat16 SiLU and product
                                            from 128 rows, layers.py: XLA:CPU's exp costs ~1 ns an element); else
                                            reference
-    amx_matmul   cpu, reference            cpu on a CPU with AMX-BF16 where it builds (a bfloat16 LM head and the
-                                           layers' dense linears on one device are stored as AMX tiles and their
-                                           dots run the AMX kernel: model/tiled_params.py); else reference (they
-                                           stay dense)
+    amx_matmul   cpu, reference            cpu on a CPU with AMX-BF16 or AVX512-BF16 where it builds (a bfloat16
+                                           LM head and the layers' dense linears on one device are stored as AMX
+                                           tiles and their dots run the tiled kernel: model/tiled_params.py); else
+                                           reference (they stay dense)
     add_rms_norm cpu, reference            cpu on CPU where it builds (a bfloat16 Llama-style layer's residual add
                                            and the norm after it as one call, on one device: llama.py); else
                                            reference

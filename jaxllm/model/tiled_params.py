@@ -32,7 +32,7 @@ from pallas_kernels.amx_matmul.reference import TILE, pack_tiles, tiles_shape
 
 
 def tile_params(params: LlamaParams, kernels: Kernels, num_devices: int) -> LlamaParams:
-    """params with the LM head and the layers' dense linears stored as AMX tiles where the AMX kernel will run
+    """params with the LM head and the layers' dense linears stored as AMX tiles where the tiled kernel will run
     their dots, else params."""
     if not tiles_wanted(kernels, num_devices):
         return params
@@ -40,7 +40,7 @@ def tile_params(params: LlamaParams, kernels: Kernels, num_devices: int) -> Llam
 
 
 def tiles_wanted(kernels: Kernels, num_devices: int) -> bool:
-    """Whether the AMX kernel runs the dots of a model placed on `num_devices` devices."""
+    """Whether the tiled kernel runs the dots of a model placed on `num_devices` devices."""
     return kernels.amx_matmul == "cpu" and num_devices == 1
 
 

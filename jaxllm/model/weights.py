@@ -18,8 +18,8 @@ A format answers these questions, and the module functions below ask them of den
 `stack(ws)` stacks weights of one format on a new leading axis of every leaf (a MoE layer's [E, ...] expert
 stacks): valid for a format whose methods read its leaves from the last axes, as AWQWeight's do.
 
-`TiledWeight` (below) is a dense bfloat16 weight stored as AMX tiles, for the AMX kernel: the LM head and the layers'
-dense linears take it on a CPU with AMX (model/tiled_params.py), where a tied head also serves the embedding lookup
+`TiledWeight` (below) is a dense bfloat16 weight stored as AMX tiles, for the tiled kernel: the LM head and the
+layers' dense linears take it on a CPU with AMX or AVX512-BF16 (model/tiled_params.py), where a tied head also serves the embedding lookup
 (`embedding_rows`).
 """
 
@@ -73,28 +73,29 @@ class TiledWeight(WeightFormat):
     """A dense bfloat16 weight W [N, K] stored as AMX tiles, `tiles` [N/32, K/32, 2, 16, 32]
     (pallas_kernels/amx_matmul: a block of 32 rows is one contiguous run in the order the kernel reads it). Its
     dot runs the skinny kernel on the tiles for at most TILED_SKINNY_MAX_ROWS rows of x where Kernels.matvec16 is
-    "native", the AMX kernel where Kernels.amx_matmul is "cpu", else the jnp contract (the tiles laid back out).
-    Where the AMX kernel runs, a gate|up weight's dot can also end in the gated MLP's SiLU (`silu_and_mul`)."""
+    "native", the tiled kernel (AMX, else AVX512-BF16) where Kernels.amx_matmul is "cpu", else the jnp contract
+    (the tiles laid back out). Where the tiled kernel runs, a gate|up weight's dot can also end in the gated MLP's
+    SiLU (`silu_and_mul`)."""
     tiles: jax.Array
 
     def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
         if self._takes_skinny(x, kernels):
             return skinny_matmul(x, self.tiles)
-        if self._takes_amx(x, kernels):
+        if self._takes_tiled_kernel(x, kernels):
             return tiled_matmul_cpu(x, self.tiles)
         return tiled_dot(x, self.tiles)
 
     def silu_and_mul(self, x: jax.Array, kernels: Kernels) -> jax.Array | None:
-        """For a gate|up weight [2F, K]: silu(gate) * up [..., F] bfloat16 in one AMX call, the activation in the
-        dot's epilogue, where its dot would run the AMX kernel and F is a multiple of 32; else None."""
-        if self._takes_skinny(x, kernels) or not self._takes_amx(x, kernels) or self.tiles.shape[0] % 2:
+        """For a gate|up weight [2F, K]: silu(gate) * up [..., F] bfloat16 in one native call, the activation in the
+        dot's epilogue, where its dot would run the tiled kernel and F is a multiple of 32; else None."""
+        if self._takes_skinny(x, kernels) or not self._takes_tiled_kernel(x, kernels) or self.tiles.shape[0] % 2:
             return None
         return tiled_silu_matmul_cpu(x, self.tiles)
 
     def _takes_skinny(self, x: jax.Array, kernels: Kernels) -> bool:
         return kernels.matvec16 == "native" and _rows(x) <= TILED_SKINNY_MAX_ROWS and skinny_supports(x, self.tiles)
 
-    def _takes_amx(self, x: jax.Array, kernels: Kernels) -> bool:
+    def _takes_tiled_kernel(self, x: jax.Array, kernels: Kernels) -> bool:
         return kernels.amx_matmul == "cpu" and x.dtype == jnp.bfloat16
 
     def leaf_axes(self, axes: Axes) -> TiledWeight:

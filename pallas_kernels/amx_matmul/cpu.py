@@ -1,5 +1,5 @@
-"""The tiled matmul on Intel AMX as one native XLA FFI call (cpu_kernel.cc): bfloat16 x [..., K] times a weight
-stored as AMX tiles (reference.py's `pack_tiles`). Same contract as reference.py's `tiled_dot`, tested against it;
+"""The tiled matmul on Intel AMX (else AVX512-BF16) as one native XLA FFI call (cpu_kernel.cc): bfloat16 x [..., K]
+times a weight stored as AMX tiles (reference.py's `pack_tiles`). Same contract as reference.py's `tiled_dot`, tested against it;
 and a gate|up projection with the gated MLP's SiLU and product in its epilogue (`tiled_silu_matmul_cpu`).
 The library is built at first use (pallas_kernels/native_build.py); `amx_matmul_error()` says why it cannot run on
 this machine (None when it can).
@@ -56,11 +56,12 @@ def _call(target: CpuTarget, x: jax.Array, n: int, dtype, tiles: jax.Array) -> j
 
 @functools.cache
 def amx_matmul_error() -> str | None:
-    """Why the kernel cannot run here (no AMX-BF16 on this CPU, tile state not granted, a build error), or None."""
+    """Why the kernel cannot run here (neither AMX-BF16 nor AVX512-BF16 on this CPU, AMX's tile state not granted,
+    a build error), or None."""
     if KERNEL.error is not None:
         return KERNEL.error
     try:
-        ready = load_native_library(KERNEL.source).JaxllmAmxReady()
+        ready = load_native_library(KERNEL.source).JaxllmTiledMatmulReady()
     except (NativeBuildError, AttributeError) as error:
         return str(error)
-    return None if ready else "this CPU has no AMX-BF16, or the operating system does not grant its tile state"
+    return None if ready else "this CPU has neither AMX-BF16 nor AVX512-BF16, or the OS does not grant AMX's tile state"

@@ -1,4 +1,5 @@
-// Dense bfloat16 matmul on Intel AMX tiles, as an XLA FFI handler, over a weight stored as AMX tiles.
+// Dense bfloat16 matmul over a weight stored as AMX tiles, as an XLA FFI handler: on Intel AMX, or with AVX512-BF16's
+// VDPBF16PS where the CPU has no AMX (AMD Zen 4, for one).
 //
 // The contract is reference.py's `tiled_dot` (tested against it):
 //
@@ -13,6 +14,10 @@
 // for M <= 16, else 32; zero rows past M) after another: xp [Mp/kMb, K/2, kMb]. A work item takes a run
 // of weight blocks; for each, every activation block: the weight block's two A tiles times the block's one or two
 // B tiles into two or four C tiles over K, each C^T tile then transposed in registers and stored into out.
+//
+// Without AMX the same C^T tiles are summed with AVX512-BF16's VDPBF16PS (each pair's two products exact, summed in
+// float32): a group of weight rows at a time, 16 accumulators of 16 activation rows, each weight pair broadcast from
+// the tile against one or two vectors of activation pairs (RowGroupSums). Everything around the sums is shared.
 //
 // A second handler fuses the gated MLP's SiLU and product into the gate|up projection (the contract of
 // silu_and_mul/reference.py's "silu" on tiled_dot's sums rounded to bfloat16):
@@ -30,6 +35,7 @@
 #include <vector>
 
 #include "amx.h"
+#include "pairs16.h"
 #include "parallel_for.h"
 #include "silu16.h"
 #include "xla/ffi/api/ffi.h"
@@ -42,18 +48,14 @@ constexpr int64_t kRows = 32;              // weight rows per block: two A tiles
 constexpr int64_t kStepElems = 2 * 16 * 32;  // one 32-column step of a block: two 16 x 32 A tiles
 constexpr int64_t kMinItemBytes = 1 << 17;  // weight bytes of one work item at least
 
-#ifdef JAXLLM_AMX
+#if defined(JAXLLM_AMX) || (defined(__AVX512F__) && defined(__AVX512BF16__))
+#define JAXLLM_TILED_MATMUL 1  // this build multiplies the tiles: on AMX, else with AVX512-BF16's VDPBF16PS
+#endif
+
+#ifdef JAXLLM_TILED_MATMUL
 
 using jaxllm::PackPairs;
-using jaxllm::TilesGranted;
 using jaxllm::Transpose16;
-
-// Tiles 0-3: C (float32 16 x 16); 4, 5: A (weight rows); 6, 7: B (activation pairs). Each 16 rows x 64 bytes.
-void ConfigureTiles() {
-  jaxllm::TileConfig config;
-  for (int t = 0; t < 8; ++t) config.Set(t, 16, 64);
-  _tile_loadconfig(&config);
-}
 
 // ct [16 n, 16 m] (C^T, rows 64 bytes apart) -> out[j, 0 .. 16] for the j < rows valid rows (out rows N apart).
 inline void StoreTransposed(const float* ct, int64_t rows, int64_t N, float* out) {
@@ -64,14 +66,28 @@ inline void StoreTransposed(const float* ct, int64_t rows, int64_t N, float* out
   for (int j = 0; j < rows; ++j) _mm512_storeu_ps(out + j * N, r[j]);
 }
 
-// Step k_step of the next weight block (its two tiles, 2 KiB), asked for (prefetcht1) while step k_step of this
-// block runs: the whole next block is in flight by this one's end.
-inline void PrefetchStep(const uint16_t* next_block, int64_t k_step) {
+// Lines [first, first + count) of step k_step of the next weight block (its two tiles, 2 KiB), asked for
+// (prefetcht1) while step k_step of this block runs: the whole next block is in flight by this one's end.
+inline void PrefetchStep(const uint16_t* next_block, int64_t k_step, int first = 0, int count = 32) {
   if (next_block == nullptr) return;
   const char* step = reinterpret_cast<const char*>(next_block + k_step * kStepElems);
-  for (int64_t line = 0; line < kStepElems * static_cast<int64_t>(sizeof(uint16_t)); line += 64)
-    _mm_prefetch(step + line, _MM_HINT_T1);
+  for (int line = first; line < first + count; ++line) _mm_prefetch(step + 64 * line, _MM_HINT_T1);
 }
+
+#ifdef JAXLLM_AMX
+
+using jaxllm::TilesGranted;
+
+// A work item's thread holds AMX's tile state for the item: tiles 0-3 C (float32 16 x 16), 4, 5 A (weight rows),
+// 6, 7 B (activation pairs), each 16 rows x 64 bytes. Tile state is per thread.
+struct ItemTiles {
+  ItemTiles() {
+    jaxllm::TileConfig config;
+    for (int t = 0; t < 8; ++t) config.Set(t, 16, 64);
+    _tile_loadconfig(&config);
+  }
+  ~ItemTiles() { _tile_release(); }
+};
 
 // The float32 sums of the weight block `block` [K/32, 2, 16, 32] against an activation block's kMb rows (`xb`, its
 // pairs [K/2, kMb]), as C^T tiles [16 weight rows, 16 activation rows]: ct[2h + 0] and ct[2h + 1] hold the block's
@@ -109,6 +125,52 @@ inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const u
     _tile_stored(3, ct[3], 64);
   }
 }
+
+#else  // AVX512-BF16 without AMX
+
+struct ItemTiles {};  // no tile state to hold
+
+// Weight rows 16 hw + r0 .. + R of the block against the activation block's 16 V rows (`xb`, pairs [K/2, 16 V]):
+// R x V accumulators of 16 activation rows each, one weight pair broadcast against V vectors of pairs a VDPBF16PS
+// each (a pair's two products exact, summed in float32), stored as rows r0 .. r0 + R of the C^T tiles ct[2v + hw].
+// Part `part` of `parts` of each step of next_block (nullptr: none) is asked for as the steps go.
+template <int R, int V>
+inline void RowGroupSums(const uint16_t* block, int hw, int r0, const uint32_t* xb, int64_t K,
+                         const uint16_t* next_block, int part, int parts, float (*ct)[16 * 16]) {
+  __m512 acc[R][V];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
+  const int64_t steps = K / 32;
+  for (int64_t s = 0; s < steps; ++s) {
+    PrefetchStep(next_block, s, part * 32 / parts, 32 / parts);
+    // row r0 + i's 16 pairs of this step lie at w + 16 i; the step's 16 pairs of the activation rows at xs
+    const auto* w = reinterpret_cast<const uint32_t*>(block + s * kStepElems + hw * (kStepElems / 2) + r0 * 32);
+    const uint32_t* xs = xb + s * 16 * (16 * V);
+    for (int q = 0; q < 16; ++q) {
+      __m512bh x[V];
+      for (int v = 0; v < V; ++v) x[v] = (__m512bh)_mm512_loadu_si512(xs + (q * V + v) * 16);
+      for (int i = 0; i < R; ++i) {
+        const __m512bh pair = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[16 * i + q]));
+        for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], pair, x[v]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < V; ++v) _mm512_store_ps(ct[2 * v + hw] + 16 * (r0 + i), acc[i][v]);
+}
+
+// BlockSums's contract on AMX (above), with VDPBF16PS: the block's 32 weight rows in groups of 16 / V rows, 16
+// accumulators a group (kMb 32: 8 rows x 2 vectors of activation rows; 16: 16 rows x 1).
+template <int kMb>
+inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const uint32_t* xb, int64_t K,
+                      float (*ct)[16 * 16]) {
+  constexpr int V = kMb / 16, R = 16 / V, parts = 32 / R;
+  int part = 0;
+  for (int hw = 0; hw < 2; ++hw)
+    for (int r0 = 0; r0 < 16; r0 += R) RowGroupSums<R, V>(block, hw, r0, xb, K, next_block, part++, parts, ct);
+}
+
+#endif  // JAXLLM_AMX
 
 // The activation rows (of 16) that half h of the activation block at m0 holds: M - m0 - 16h within [0, 16].
 inline int64_t RowsOf(int64_t M, int64_t m0, int h) { return std::clamp<int64_t>(M - m0 - 16 * h, 0, 16); }
@@ -180,14 +242,13 @@ void ForEachUnit(ffi::ThreadPool& pool, int64_t blocks, int64_t row_blocks, int6
   const int64_t units = blocks * row_blocks, max_items = 4 * (pool.num_threads() + 1);
   const int64_t items = std::clamp<int64_t>(units * unit_bytes / kMinItemBytes, 1, std::min(units, max_items));
   jaxllm::ParallelFor(pool, items, [=](int64_t i) {
-    ConfigureTiles();  // tile state is per thread
+    [[maybe_unused]] const ItemTiles tiles;
     const int64_t end = (i + 1) * units / items;
     for (int64_t u = i * units / items; u < end;) {
       const int64_t b = u / row_blocks, r = u % row_blocks, run = std::min(row_blocks - r, end - u);
       block(b, b + 1 < blocks && (b + 1) * row_blocks < end, r, r + run);
       u += run;
     }
-    _tile_release();
   });
 }
 
@@ -223,25 +284,27 @@ void TiledSiluMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* t
   });
 }
 
-#endif  // JAXLLM_AMX
+#endif  // JAXLLM_TILED_MATMUL
 
 // Why the kernel cannot take x [M, K] and these tiles here (success: it can).
 ffi::Error CheckOperands(ffi::Buffer<ffi::BF16>& x, ffi::Buffer<ffi::BF16>& tiles) {
   const auto xd = x.dimensions(), td = tiles.dimensions();
   if (xd.size() != 2 || td.size() != 5 || td[2] != 2 || td[3] != 16 || td[4] != 32 || xd[1] != td[1] * 32)
     return ffi::Error::InvalidArgument("x must be [M, K] and tiles [N/32, K/32, 2, 16, 32]");
-#ifdef JAXLLM_AMX
+#if defined(JAXLLM_AMX)
   if (!TilesGranted()) return ffi::Error::Internal("the operating system did not grant AMX tile state");
   return ffi::Error::Success();
+#elif defined(JAXLLM_TILED_MATMUL)
+  return ffi::Error::Success();
 #else
-  return ffi::Error::Internal("built without AMX (this CPU or compiler lacks AMX-BF16)");
+  return ffi::Error::Internal("built without AMX-BF16 or AVX512-BF16 (this CPU or compiler lacks both)");
 #endif
 }
 
 ffi::Error TiledMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> tiles,
                               ffi::ResultBuffer<ffi::F32> out) {
   if (ffi::Error error = CheckOperands(x, tiles); error.failure()) return error;
-#ifdef JAXLLM_AMX
+#ifdef JAXLLM_TILED_MATMUL
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = tiles.dimensions()[0] * kRows;
   const auto* xs = reinterpret_cast<const uint16_t*>(x.typed_data());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.typed_data());
@@ -259,7 +322,7 @@ ffi::Error TiledSiluMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x
   if (ffi::Error error = CheckOperands(x, tiles); error.failure()) return error;
   if (tiles.dimensions()[0] % 2 != 0)
     return ffi::Error::InvalidArgument("gate|up tiles must stand for 2F rows, F a multiple of 32");
-#ifdef JAXLLM_AMX
+#ifdef JAXLLM_TILED_MATMUL
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1], F = tiles.dimensions()[0] / 2 * kRows;
   const auto* xs = reinterpret_cast<const uint16_t*>(x.typed_data());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.typed_data());
@@ -275,10 +338,13 @@ ffi::Error TiledSiluMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x
 
 }  // namespace
 
-// 1 where this build has AMX and the operating system grants its tile state to this process, else 0.
-extern "C" int JaxllmAmxReady() {
-#ifdef JAXLLM_AMX
+// 1 where this build multiplies the tiles: with AVX512-BF16, or on AMX where the operating system grants its tile
+// state to this process; else 0.
+extern "C" int JaxllmTiledMatmulReady() {
+#if defined(JAXLLM_AMX)
   return TilesGranted() ? 1 : 0;
+#elif defined(JAXLLM_TILED_MATMUL)
+  return 1;
 #else
   return 0;
 #endif

@@ -1,5 +1,5 @@
 """Weights stored as AMX tiles (pallas_kernels/amx_matmul): the layout and its jnp contract on any machine, the
-native AMX kernel against exact sums where the CPU has AMX-BF16, and its gate|up form with the SiLU in its epilogue
+native kernel against exact sums where the CPU has AMX-BF16 or AVX512-BF16, and its gate|up form with the SiLU in its epilogue
 against the reference activation on the kernel's own sums."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pallas_kernels.amx_matmul.reference import pack_tiles, tiled_dot, tiled_row
 from pallas_kernels.silu_and_mul.reference import gated_activation_reference
 
 
-def _cpu_has_amx() -> bool:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return jax.default_backend() == "cpu" and "amx_bf16" in flags.split()
+def _cpu_multiplies_tiles() -> bool:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    return jax.default_backend() == "cpu" and ("amx_bf16" in flags or "avx512_bf16" in flags)
 
 
-needs_amx = pytest.mark.skipif(not _cpu_has_amx(), reason="the CPU has no AMX-BF16")
+needs_tiled_kernel = pytest.mark.skipif(not _cpu_multiplies_tiles(), reason="the CPU has neither AMX-BF16 nor AVX512-BF16")
 
 
 def _bf16(rng: np.random.Generator, *shape) -> np.ndarray:
@@ -53,12 +53,12 @@ def test_rows_and_dot_of_the_tiles_are_the_dense_weights():
     np.testing.assert_array_equal(np.asarray(jax.jit(tiled_dot)(x, tiles)), np.asarray(jax.jit(lambda: want)()))
 
 
-@needs_amx
-def test_the_kernel_builds_where_the_cpu_has_amx():
+@needs_tiled_kernel
+def test_the_kernel_builds_where_the_cpu_has_amx_or_avx512_bf16():
     assert amx_matmul_error() is None
 
 
-@needs_amx
+@needs_tiled_kernel
 @pytest.mark.parametrize("m,n,k", [(1, 32, 32), (2, 96, 64), (15, 64, 576), (16, 64, 576), (17, 160, 96),
                                    (32, 64, 64), (33, 3072, 576), (64, 576, 1536), (300, 96, 128)])
 def test_the_kernel_is_the_exact_sum_up_to_its_order(m, n, k):
@@ -73,7 +73,7 @@ def test_the_kernel_is_the_exact_sum_up_to_its_order(m, n, k):
     assert np.all(got != 0)  # every row and column written (the random sums are never exactly zero)
 
 
-@needs_amx
+@needs_tiled_kernel
 @pytest.mark.parametrize("kernel", [tiled_matmul_cpu, tiled_silu_matmul_cpu])
 def test_leading_axes_are_kept(kernel):
     rng = np.random.default_rng(2)
@@ -93,7 +93,7 @@ def test_the_kernel_refuses_other_operands_by_their_shapes():
         tiled_matmul_cpu(jnp.zeros((4, 64), jnp.bfloat16), jnp.zeros((64, 64), jnp.bfloat16))
 
 
-@needs_amx
+@needs_tiled_kernel
 @pytest.mark.parametrize("m,f,k", [(1, 32, 32), (3, 64, 64), (16, 96, 576), (17, 64, 96), (33, 160, 64),
                                    (64, 1536, 576), (300, 64, 128)])
 def test_the_fused_silu_is_the_reference_activation_on_the_kernels_sums(m, f, k):

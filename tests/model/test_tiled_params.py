@@ -21,7 +21,7 @@ from jaxllm.model.kernels import REFERENCE
 from jaxllm.model.params import LINEAR_FIELDS
 from jaxllm.model.tiled_params import tile_params
 from pallas_kernels.amx_matmul.reference import pack_tiles, unpack_tiles
-from tests.kernels.test_amx_matmul import needs_amx
+from tests.kernels.test_amx_matmul import needs_tiled_kernel
 
 AMX = dataclasses.replace(REFERENCE, amx_matmul="cpu")
 
@@ -156,7 +156,7 @@ def test_the_forward_with_tiled_weights_is_the_dense_forward(tied):
                                                                                              REFERENCE))
 
 
-@needs_amx
+@needs_tiled_kernel
 @pytest.mark.parametrize("tokens", [8, 1])
 def test_the_forward_with_the_native_kernels_matches_the_dense_forward(tokens):
     """8 tokens: the layers' tiled dots on the AMX kernel, gate|up's with the SiLU in it; 1 token (a decode step of
@@ -189,7 +189,7 @@ def _packed_types(monkeypatch) -> list:
     return packed
 
 
-@needs_amx
+@needs_tiled_kernel
 def test_an_engine_with_tiled_weights_generates_what_the_dense_one_does(tiny_model_with_tokenizer, monkeypatch):
     import jaxllm.engine.engine as engine_module
     from jaxllm.llm import LLM

@@ -14,7 +14,7 @@ from jaxllm.config import ModelConfig
 from jaxllm.model import SequenceChunk, build_step_batch, init_kv_cache, jit_forward, random_params, select_kernels
 from jaxllm.model.tiled_params import tile_params
 from tests.compiled_hlo import materialized
-from tests.kernels.test_amx_matmul import needs_amx
+from tests.kernels.test_amx_matmul import needs_tiled_kernel
 
 CONFIG = ModelConfig(architecture="llama", vocab_size=96, hidden_size=64, intermediate_size=160, num_layers=3,
                      num_heads=4, num_kv_heads=2, head_dim=16)
@@ -52,11 +52,12 @@ def test_the_compiled_forward_copies_no_weight(dtype, attention, make_batch):
     assert np.isfinite(np.asarray(logits, np.float32)).all()
 
 
-@needs_amx
+@needs_tiled_kernel
 @pytest.mark.parametrize("make_batch", [mixed_batch, one_token_batch], ids=["mixed", "one-token"])
 def test_weights_stored_as_tiles_are_read_in_place(make_batch):
-    """On a CPU with AMX the layers' linears lie as tiles (model/tiled_params.py), read by the AMX kernel (16
-    tokens) or the skinny kernel (one): neither the tiles nor a dense weight laid back out is written."""
+    """Where the tiled matmul runs (AMX or AVX512-BF16) the layers' linears lie as tiles (model/tiled_params.py),
+    read by the tiled kernel (16 tokens) or the skinny kernel (one): neither the tiles nor a dense weight laid back
+    out is written."""
     kernels = select_kernels("cpu")
     dense = random_params(CONFIG, jax.random.key(0), jnp.bfloat16)
     params = tile_params(dense, kernels, num_devices=1)
