@@ -1,16 +1,17 @@
 """Where a jitted forward's device time goes, by XLA operation kind: a jax.profiler trace of the default model's
-step (the layers and the LM head, the weights stored as the engine's runner stores them: on a CPU with AMX the
-head and the layers' linears as AMX tiles), its events summed by name with the instance numbers dropped; a native
-call is named by its FFI target and, for a dot, the weight it reads (from the compiled program's text).
+step (the layers and the LM head, the weights stored as the engine's runner stores them: on a CPU with AMX or
+AVX512-BF16 the head and the layers' linears as AMX tiles), its events summed by name with the instance numbers
+dropped; a native call is named by its FFI target and, for a dot, the weight it reads (from the compiled program's
+text).
 
     cd benchmarks && python forward_ops.py --batch 64 --new-tokens 1 --context 192   # a decode step
     cd benchmarks && python forward_ops.py --batch 4 --new-tokens 128 --context 0    # a 512-token prefill
 
-Kinds on CPU: ynn_fusion (XLA's dots, YNNPACK), ffi_call:TARGET (the native kernels: attention, K/V write,
-skinny, argmax and, over tiles, the AMX matmul; ffi_call:jaxllm_tiled_matmul:w_qkv is the AMX kernel's dot with a
-layer's q|k|v weight), *_fusion (XLA's elementwise loops), psum (all-reduces), copy. The pool is
-not donated here, so a `copy` of the whole K/V pool (two a step) belongs to this benchmark, not to the engine's
-program, which donates it.
+Kinds on CPU: ynn_fusion (XLA's dots, YNNPACK), ffi_call:TARGET (the native kernels: attention, K/V write, skinny,
+argmax and, over tiles, the tiled matmul; ffi_call:jaxllm_tiled_matmul:w_qkv is the tiled kernel's dot with a
+layer's q|k|v weight), *_fusion (XLA's elementwise loops), psum (all-reduces), copy. The pool is not donated here,
+so a `copy` of the whole K/V pool (two a step) belongs to this benchmark, not to the engine's program, which donates
+it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
-"""Weights stored as AMX tiles where the AMX kernel runs their dots: the LM head and the layers' dense linears.
+"""Weights stored as AMX tiles where the tiled kernel runs their dots: the LM head and the layers' dense linears.
 
 On a CPU with AMX-BF16 (Kernels.amx_matmul == "cpu") XLA's dot reads a bfloat16 weight at a fraction of the rate
-memory allows: the default model's 56.6 MB LM head took 4.3 ms at 64 rows, the AMX kernel over tiles 3.0 ms, and
-the layers' q|k|v, o, gate|up and down projections as tiles made the engine's batch-64 workloads 1.02-1.17x
-faster, a batch-1 decode ~3-5% slower (benchmarks/RESULTS.md). The runner therefore stores, once, when it takes
-the params, every bfloat16 weight of those that lies whole on one device as a weights.TiledWeight: the LM head
-itself when untied, the embedding table when tied (it then also serves the embedding lookup,
-weights.embedding_rows, so the table is held once), and each layer's dense linear weights (w_qkv, wo, w_gate_up,
-w_down). A TiledWeight's dot with a row or two runs the skinny kernel on the tiles (weights.TiledWeight.dot).
-Everything else keeps its format (AWQ's packed int4, the experts' stacks, sides that are not multiples of 32); on
-other machines and meshes the params are returned unchanged.
+memory allows: the default model's 56.6 MB LM head took 4.3 ms at 64 rows, the AMX kernel over tiles 3.0 ms, and the
+layers' q|k|v, o, gate|up and down projections as tiles made the engine's batch-64 workloads 1.02-1.17x faster, a
+batch-1 decode ~3-5% slower (benchmarks/RESULTS.md). On a CPU with AVX512-BF16 and no AMX the kernel sums the same
+tiles with VDPBF16PS: a batch-64 decode step of the default model took 69 ms against XLA's 89. The runner therefore
+stores, once, when it takes the params, every bfloat16 weight of those that lies whole on one device as a
+weights.TiledWeight: the LM head itself when untied, the embedding table when tied (it then also serves the
+embedding lookup, weights.embedding_rows, so the table is held once), and each layer's dense linear weights (w_qkv,
+wo, w_gate_up, w_down). A TiledWeight's dot with a row or two runs the skinny kernel on the tiles
+(weights.TiledWeight.dot). Everything else keeps its format (AWQ's packed int4, the experts' stacks, sides that are
+not multiples of 32); on other machines and meshes the params are returned unchanged.
 
 An engine that loads its own weights has them packed as they are read instead (loaders.load_host_model's
 `as_tiles`, asked where `tiles_wanted`): each layer's linears on the host with numpy, in memory a CPU device uses
