@@ -19,8 +19,8 @@ A format answers these questions, and the module functions below ask them of den
 stacks): valid for a format whose methods read its leaves from the last axes, as AWQWeight's do.
 
 `TiledWeight` (below) is a dense bfloat16 weight stored as AMX tiles, for the tiled kernel: the LM head and the
-layers' dense linears take it on a CPU with AMX or AVX512-BF16 (model/tiled_params.py), where a tied head also serves the embedding lookup
-(`embedding_rows`).
+layers' dense linears take it on a CPU with AMX or AVX512-BF16 (model/tiled_params.py), where a tied head also
+serves the embedding lookup (`embedding_rows`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The tiled matmul on Intel AMX (else AVX512-BF16) as one native XLA FFI call (cpu_kernel.cc): bfloat16 x [..., K]
-times a weight stored as AMX tiles (reference.py's `pack_tiles`). Same contract as reference.py's `tiled_dot`, tested against it;
-and a gate|up projection with the gated MLP's SiLU and product in its epilogue (`tiled_silu_matmul_cpu`).
-The library is built at first use (pallas_kernels/native_build.py); `amx_matmul_error()` says why it cannot run on
-this machine (None when it can).
+times a weight stored as AMX tiles (reference.py's `pack_tiles`). Same contract as reference.py's `tiled_dot`,
+tested against it; and a gate|up projection with the gated MLP's SiLU and product in its epilogue
+(`tiled_silu_matmul_cpu`). The library is built at first use (pallas_kernels/native_build.py); `amx_matmul_error()`
+says why it cannot run on this machine (None when it can).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Weights stored as AMX tiles (pallas_kernels/amx_matmul): the layout and its jnp contract on any machine, the
-native kernel against exact sums where the CPU has AMX-BF16 or AVX512-BF16, and its gate|up form with the SiLU in its epilogue
-against the reference activation on the kernel's own sums."""
+native kernel against exact sums where the CPU has AMX-BF16 or AVX512-BF16, and its gate|up form with the SiLU in
+its epilogue against the reference activation on the kernel's own sums."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def _cpu_multiplies_tiles() -> bool:
     return jax.default_backend() == "cpu" and ("amx_bf16" in flags or "avx512_bf16" in flags)
 
 
-needs_tiled_kernel = pytest.mark.skipif(not _cpu_multiplies_tiles(), reason="the CPU has neither AMX-BF16 nor AVX512-BF16")
+needs_tiled_kernel = pytest.mark.skipif(not _cpu_multiplies_tiles(),
+                                        reason="the CPU has neither AMX-BF16 nor AVX512-BF16")
 
 
 def _bf16(rng: np.random.Generator, *shape) -> np.ndarray:
