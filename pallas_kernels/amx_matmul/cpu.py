@@ -57,9 +57,11 @@ def _call(target: CpuTarget, x: jax.Array, n: int, dtype, tiles: jax.Array) -> j
 @functools.cache
 def amx_matmul_error() -> str | None:
     """Why the kernel cannot run here (neither AMX-BF16 nor AVX512-BF16 on this CPU, AMX's tile state not granted,
-    a build error), or None."""
-    if KERNEL.error is not None:
-        return KERNEL.error
+    a build error), or None. Registers both targets: a program kept by the engine's program cache that calls the
+    fused one must find it registered when it is loaded, before anything is traced."""
+    for target in (KERNEL, SILU_KERNEL):
+        if target.error is not None:
+            return target.error
     try:
         ready = load_native_library(KERNEL.source).JaxllmTiledMatmulReady()
     except (NativeBuildError, AttributeError) as error:

@@ -4,6 +4,8 @@ its epilogue against the reference activation on the kernel's own sums."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -11,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxllm.engine import program_cache
 from pallas_kernels.amx_matmul.cpu import amx_matmul_error, tiled_matmul_cpu, tiled_silu_matmul_cpu
 from pallas_kernels.amx_matmul.reference import pack_tiles, tiled_dot, tiled_rows, unpack_tiles
 from pallas_kernels.silu_and_mul.reference import gated_activation_reference
@@ -109,6 +112,20 @@ def test_the_fused_silu_is_the_reference_activation_on_the_kernels_sums(m, f, k)
     want = np.asarray(jax.jit(gated_activation_reference, static_argnums=1)(sums.astype(jnp.bfloat16), "silu"))
     assert got.shape == (m, f) and got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@needs_tiled_kernel
+def test_a_kept_program_calling_the_fused_kernel_loads_where_the_kernel_was_only_asked_for(tmp_path):
+    """The engine's program cache loads its programs before anything is traced: choosing the kernels
+    (amx_matmul_error) must register both FFI targets, or a kept gate|up program fails to load in a new process."""
+    x, tiles = jnp.zeros((4, 64), jnp.bfloat16), jnp.asarray(pack_tiles(np.zeros((128, 64), jnp.bfloat16)))
+    program_cache.compile_and_store(tmp_path, "fused", lambda: jax.jit(tiled_silu_matmul_cpu).lower(x, tiles).compile())
+    load = ("import sys, jax; from pathlib import Path; from jaxllm.engine import program_cache; "
+            "from pallas_kernels.amx_matmul.cpu import amx_matmul_error; assert amx_matmul_error() is None; "
+            "assert program_cache.load(Path(sys.argv[1]), 'fused', jax.devices()) is not None")
+    result = subprocess.run([sys.executable, "-c", load, str(tmp_path)], cwd=Path(__file__).parents[2],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "could not be loaded" not in result.stderr, result.stderr[-2000:]
 
 
 def test_the_fused_silu_refuses_a_weight_that_is_not_gate_and_up_in_whole_blocks():
