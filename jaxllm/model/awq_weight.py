@@ -46,8 +46,8 @@ class AWQWeight(WeightFormat):
     def group_size(self) -> int:
         return self.packed.group_size
 
-    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
-        """x [..., K] -> x @ W.T [..., N] float32; one layer's leaves (no [L] axis)."""
+    def dot(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array:
+        """x [..., K] -> x @ W.T [..., N] float32; one layer's leaves (no [L] axis). Every row is computed."""
         if kernels.awq_matmul == "pallas":
             return awq_matmul(x, self.packed, interpret=kernels.interpret)
         return awq_matmul_reference(x, self.packed)

@@ -18,15 +18,18 @@ from pallas_kernels.silu_and_mul.cpu import silu_and_mul_cpu
 from pallas_kernels.silu_and_mul.reference import gated_activation_reference
 
 
-def linear(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE) -> jax.Array:
+def linear(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE,
+           live_rows: jax.Array | None = None) -> jax.Array:
     """x [..., K] @ w[N, K].T (+ b [N]) -> [..., N] in x.dtype, accumulated in float32. `w` is any weight format
-    (weights.py: a dense array, or a WeightFormat that does its own dot); the layers never look at it."""
-    return linear_sums(x, w, b, kernels).astype(x.dtype)
+    (weights.py: a dense array, or a WeightFormat that does its own dot); the layers never look at it. live_rows
+    (an int32 scalar, None: all rows): x's rows from it on are a bucket's padding, which the dot may skip."""
+    return linear_sums(x, w, b, kernels, live_rows).astype(x.dtype)
 
 
-def linear_sums(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE) -> jax.Array:
+def linear_sums(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE,
+                live_rows: jax.Array | None = None) -> jax.Array:
     """`linear`'s float32 sums [..., N], before their rounding to x.dtype."""
-    y = weights.dot(x, w, kernels)
+    y = weights.dot(x, w, kernels, live_rows)
     return y if b is None else y + b.astype(jnp.float32)
 
 
@@ -36,22 +39,22 @@ SILU_KERNEL_MIN_ROWS = 128
 
 
 def gated_mlp(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
-              activation: str = "silu") -> jax.Array:
+              activation: str = "silu", live_rows: jax.Array | None = None) -> jax.Array:
     """down(act(gate(x)) * up(x)) [T, H] in x.dtype: `gated_mlp_sums` rounded."""
-    return gated_mlp_sums(x, w_gate_up, w_down, kernels, activation).astype(x.dtype)
+    return gated_mlp_sums(x, w_gate_up, w_down, kernels, activation, live_rows).astype(x.dtype)
 
 
 def gated_mlp_sums(x: jax.Array, w_gate_up: Any, w_down: Any, kernels: Kernels = REFERENCE,
-                   activation: str = "silu") -> jax.Array:
+                   activation: str = "silu", live_rows: jax.Array | None = None) -> jax.Array:
     """down(act(gate(x)) * up(x)) as the down projection's float32 sums [T, H]: SwiGLU (silu) or GeGLU (gelu_tanh);
     x [T, H], w_gate_up [2F, H] (gate rows, then up rows), w_down [H, F]. In a 16-bit dtype the activation and the
     product each round once, computed in float32 (as torch's kernels do): jnp ops on 16-bit arrays would round after
     every primitive of the activation, which costs a conversion pair each on CPU and drifts further from the
-    checkpoint's own arithmetic."""
-    hidden = weights.fused_silu_and_mul(x, w_gate_up, kernels) if activation == "silu" else None  # [T, F]
+    checkpoint's own arithmetic. live_rows: `linear`'s."""
+    hidden = weights.fused_silu_and_mul(x, w_gate_up, kernels, live_rows) if activation == "silu" else None  # [T, F]
     if hidden is None:  # the activation apart from the projection
-        hidden = _gated_activation(weights.dot(x, w_gate_up, kernels), x.dtype, activation, kernels)
-    return linear_sums(hidden, w_down, kernels=kernels)  # [T, H] float32
+        hidden = _gated_activation(weights.dot(x, w_gate_up, kernels, live_rows), x.dtype, activation, kernels)
+    return linear_sums(hidden, w_down, kernels=kernels, live_rows=live_rows)  # [T, H] float32
 
 
 def _gated_activation(gate_up: jax.Array, dtype, activation: str, kernels: Kernels) -> jax.Array:

@@ -92,23 +92,25 @@ def layer_kind(config: ModelConfig, layer: int) -> LayerKind:
 def _layer(x, pending, k_pool, v_pool, lp: LayerParams, layer, cos, sin, batch: StepBatch, first_expert, *,
            kind: LayerKind, config: ModelConfig, kernels: Kernels, reduce: Callable[[jax.Array], jax.Array]):
     """One decoder layer: x [T, H] and the previous layer's output not yet added to it (pending [T, H]) -> x with
-    it added, this layer's output (not added), this step's K/V written into the pools' layer `layer`."""
+    it added, this layer's output (not added), this step's K/V written into the pools' layer `layer`. The rows past
+    the step's tokens (the bucket's padding) may be skipped by the linears' dots (weights.py's live_rows)."""
+    live_rows = batch.query_start_loc[-1]  # the step's tokens: rows from here on are padding
     x, h = _add_and_norm(x, pending, lp.attn_norm, config, kernels)
-    q, k, v = _qkv(h, lp, config, kernels)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+    q, k, v = _qkv(h, lp, config, kernels, live_rows)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
     if lp.q_norm is not None:  # per head, before rope (Qwen3, Gemma 3)
         q, k = _norm(q, lp.q_norm, config), _norm(k, lp.k_norm, config)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_pool, v_pool = write_kv(k_pool, v_pool, layer, batch.slot_mapping, k, v, kernels)
     attn = attend(kernels, q, k_pool, v_pool, layer, batch, config.attention_scale,
                   sliding_window=kind.sliding_window, logit_softcap=config.attn_logit_softcap)  # [T, Hq, D]
-    attn_out = linear_sums(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels)  # [T, H] float32
+    attn_out = linear_sums(attn.reshape(x.shape[0], -1), lp.wo, kernels=kernels, live_rows=live_rows)  # [T, H]
     x, h = _add_and_norm(x, _output(attn_out, lp.post_attn_norm, x.dtype, config, kernels, reduce), lp.mlp_norm,
                          config, kernels)
     if lp.router is not None:  # a mixture-of-experts layer: its output in x.dtype, widened exactly where fused
         mlp = reduce(moe_mlp(h, lp, config, kernels, first_expert)).astype(_output_dtype(config, kernels, x.dtype))
     else:
-        mlp = _output(gated_mlp_sums(h, lp.w_gate_up, lp.w_down, kernels, config.arch.activation), lp.post_mlp_norm,
-                      x.dtype, config, kernels, reduce)
+        mlp = _output(gated_mlp_sums(h, lp.w_gate_up, lp.w_down, kernels, config.arch.activation, live_rows),
+                      lp.post_mlp_norm, x.dtype, config, kernels, reduce)
     return x, mlp, k_pool, v_pool
 
 
@@ -164,8 +166,8 @@ def compute_logits(params: LlamaParams, hidden: jax.Array, vocab_size: int | Non
     return soft_cap(logits, softcap)
 
 
-def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels):
+def _qkv(h: jax.Array, lp: LayerParams, config: ModelConfig, kernels: Kernels, live_rows: jax.Array):
     t, d = h.shape[0], config.head_dim
-    qkv = linear(h, lp.w_qkv, lp.b_qkv, kernels)  # [T, (Hq + 2*Hkv)*D]
+    qkv = linear(h, lp.w_qkv, lp.b_qkv, kernels, live_rows)  # [T, (Hq + 2*Hkv)*D]
     q, k, v = jnp.split(qkv, [config.num_heads * d, (config.num_heads + config.num_kv_heads) * d], axis=-1)
     return q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)

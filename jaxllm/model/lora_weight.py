@@ -37,9 +37,9 @@ class LoRAWeight(WeightFormat):
     def shape(self) -> tuple[int, ...]:
         return self.base.shape
 
-    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
-        """x [T, K] -> [T, N] float32."""
-        return weights.dot(x, self.base, kernels) + _delta(x, self.a, self.b, self.token_slots, kernels)
+    def dot(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array:
+        """x [T, K] -> [T, N] float32 (the base's dot may skip the padding rows from live_rows on)."""
+        return weights.dot(x, self.base, kernels, live_rows) + _delta(x, self.a, self.b, self.token_slots, kernels)
 
     def take_rows(self, index: np.ndarray, axis: int) -> LoRAWeight:
         return self.replace(base=weights.take_rows(self.base, index, axis),

@@ -7,7 +7,9 @@ with a LoRA delta, ...) is a WeightFormat subclass: a pytree whose leaves are ar
 
 A format answers these questions, and the module functions below ask them of dense arrays and formats alike:
     dot(x, w, kernels)      x [..., K] -> [..., N] float32: the matmul, accumulated in float32, with the
-                            implementation model/kernels.py chose where a format has a kernel
+                            implementation model/kernels.py chose where a format has a kernel; `live_rows` (an
+                            int32 scalar) says that x's rows from it on are a bucket's padding, which a format may
+                            skip (TiledWeight's kernel does: zeros there; the others compute them)
     take_rows(w, index, a)  w with its output rows (on axis a) selected in `index` order: the tensor-parallel
                             shard-major layout, computed once as a row index, lays out any format
     concat_rows(ws, a)      weights of one format joined along their output rows: q|k|v and gate|up fused
@@ -47,8 +49,8 @@ class WeightFormat(struct.PyTreeNode):
     """Base of the non-dense formats. Subclasses declare their array fields (each a leaf, as in a flax struct
     dataclass) and implement the three methods; a format stands for a dense weight [..., N, K]."""
 
-    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
-        """x [..., K] -> x @ W.T [..., N] in float32."""
+    def dot(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array:
+        """x [..., K] -> x @ W.T [..., N] in float32 (live_rows: the module docstring's)."""
         raise NotImplementedError(f"{type(self).__name__}.dot")
 
     def take_rows(self, index: np.ndarray, axis: int) -> WeightFormat:
@@ -78,19 +80,19 @@ class TiledWeight(WeightFormat):
     SiLU (`silu_and_mul`)."""
     tiles: jax.Array
 
-    def dot(self, x: jax.Array, kernels: Kernels) -> jax.Array:
+    def dot(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array:
         if self._takes_skinny(x, kernels):
             return skinny_matmul(x, self.tiles)
         if self._takes_tiled_kernel(x, kernels):
-            return tiled_matmul_cpu(x, self.tiles)
+            return tiled_matmul_cpu(x, self.tiles, live_rows)
         return tiled_dot(x, self.tiles)
 
-    def silu_and_mul(self, x: jax.Array, kernels: Kernels) -> jax.Array | None:
+    def silu_and_mul(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array | None:
         """For a gate|up weight [2F, K]: silu(gate) * up [..., F] bfloat16 in one native call, the activation in the
         dot's epilogue, where its dot would run the tiled kernel and F is a multiple of 32; else None."""
         if self._takes_skinny(x, kernels) or not self._takes_tiled_kernel(x, kernels) or self.tiles.shape[0] % 2:
             return None
-        return tiled_silu_matmul_cpu(x, self.tiles)
+        return tiled_silu_matmul_cpu(x, self.tiles, live_rows)
 
     def _takes_skinny(self, x: jax.Array, kernels: Kernels) -> bool:
         return kernels.matvec16 == "native" and _rows(x) <= TILED_SKINNY_MAX_ROWS and skinny_supports(x, self.tiles)
@@ -120,16 +122,17 @@ def embedding_rows(embed: Any, token_ids: jax.Array) -> jax.Array:
     return embed.rows(token_ids) if isinstance(embed, TiledWeight) else embed[token_ids]
 
 
-def fused_silu_and_mul(x: jax.Array, w_gate_up: Any, kernels: Kernels = REFERENCE) -> jax.Array | None:
+def fused_silu_and_mul(x: jax.Array, w_gate_up: Any, kernels: Kernels = REFERENCE,
+                       live_rows: jax.Array | None = None) -> jax.Array | None:
     """silu(gate) * up [..., F] in x.dtype straight from x where w_gate_up's format fuses the activation into its
     dot (TiledWeight.silu_and_mul); None where the caller takes the dot's sums and the activation apart."""
-    return w_gate_up.silu_and_mul(x, kernels) if isinstance(w_gate_up, TiledWeight) else None
+    return w_gate_up.silu_and_mul(x, kernels, live_rows) if isinstance(w_gate_up, TiledWeight) else None
 
 
-def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE) -> jax.Array:
-    """x [..., K] @ w.T -> [..., N] float32, whatever w's format."""
+def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE, live_rows: jax.Array | None = None) -> jax.Array:
+    """x [..., K] @ w.T -> [..., N] float32, whatever w's format (live_rows: the module docstring's)."""
     if isinstance(w, WeightFormat):
-        return w.dot(x, kernels)
+        return w.dot(x, kernels, live_rows)
     if kernels.matvec16 == "native" and _takes_skinny(x, w):
         return skinny_matmul(x, w)
     if kernels.matvec16 in ("two_rows", "native") and w.ndim == 2 and w.dtype.itemsize == 2 and _rows(x) == 1:

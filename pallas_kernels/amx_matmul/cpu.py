@@ -21,21 +21,25 @@ KERNEL = CpuTarget(_SOURCE, "JaxllmTiledMatmul", "jaxllm_tiled_matmul")
 SILU_KERNEL = CpuTarget(_SOURCE, "JaxllmTiledSiluMatmul", "jaxllm_tiled_silu_matmul")
 
 
-def tiled_matmul_cpu(x: jax.Array, tiles: jax.Array) -> jax.Array:
-    """x [..., K] bfloat16 @ w.T -> [..., N] float32 for tiles [N/32, K/32, 2, 16, 32] bfloat16 of w [N, K]."""
+def tiled_matmul_cpu(x: jax.Array, tiles: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+    """x [..., K] bfloat16 @ w.T -> [..., N] float32 for tiles [N/32, K/32, 2, 16, 32] bfloat16 of w [N, K].
+
+    live_rows (an int32 scalar, None: all): x's rows (flattened) from live_rows on are padding, not computed; the
+    result's rows there are zeros."""
     _check_operands(x, tiles)
-    return _call(KERNEL, x, tiles.shape[0] * 32, jnp.float32, tiles)  # [..., N]
+    return _call(KERNEL, x, tiles.shape[0] * 32, jnp.float32, tiles, live_rows)  # [..., N]
 
 
-def tiled_silu_matmul_cpu(x: jax.Array, tiles: jax.Array) -> jax.Array:
+def tiled_silu_matmul_cpu(x: jax.Array, tiles: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
     """silu(gate) * up [..., F] bfloat16 for x [..., K] bfloat16 and the tiles [2F/32, K/32, 2, 16, 32] of a gate|up
     weight [2F, K] (gate rows, then up rows; F a multiple of 32): the gated MLP's activation on the projection's
-    float32 sums, rounded as silu_and_mul/reference.py's on those sums rounded to bfloat16, in one call."""
+    float32 sums, rounded as silu_and_mul/reference.py's on those sums rounded to bfloat16, in one call. live_rows as
+    tiled_matmul_cpu's."""
     _check_operands(x, tiles)
     if tiles.shape[0] % 2:
         raise ValueError(f"the fused SiLU takes the tiles of a gate|up weight [2F, K] with F a multiple of 32; got "
                          f"tiles {list(tiles.shape)} ({tiles.shape[0] * 32} rows)")
-    return _call(SILU_KERNEL, x, tiles.shape[0] // 2 * 32, jnp.bfloat16, tiles)  # [..., F]
+    return _call(SILU_KERNEL, x, tiles.shape[0] // 2 * 32, jnp.bfloat16, tiles, live_rows)  # [..., F]
 
 
 def _check_operands(x: jax.Array, tiles: jax.Array) -> None:
@@ -46,11 +50,13 @@ def _check_operands(x: jax.Array, tiles: jax.Array) -> None:
                          f"{x.dtype}{list(x.shape)}, tiles {tiles.dtype}{list(tiles.shape)}")
 
 
-def _call(target: CpuTarget, x: jax.Array, n: int, dtype, tiles: jax.Array) -> jax.Array:
+def _call(target: CpuTarget, x: jax.Array, n: int, dtype, tiles: jax.Array, live_rows: jax.Array | None
+          ) -> jax.Array:
     """The target's [..., n] result in dtype for x [..., K] (its rows flattened for the call)."""
     target.register()
     rows = x.reshape(-1, x.shape[-1])  # [M, K]
-    out = jax.ffi.ffi_call(target.name, jax.ShapeDtypeStruct((rows.shape[0], n), dtype))(rows, tiles)
+    live = jnp.asarray(rows.shape[0] if live_rows is None else live_rows, jnp.int32).reshape(())
+    out = jax.ffi.ffi_call(target.name, jax.ShapeDtypeStruct((rows.shape[0], n), dtype))(rows, tiles, live)
     return out.reshape(*x.shape[:-1], n)
 
 

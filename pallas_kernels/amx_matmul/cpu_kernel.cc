@@ -4,7 +4,10 @@
 // The contract is reference.py's `tiled_dot` (tested against it):
 //
 //   x [M, K] bfloat16, tiles [N/32, K/32, 2, 16, 32] bfloat16 (reference.py's `pack_tiles` of a weight w [N, K])
-//   ->  out [M, N] float32, out[m, n] = sum_k x[m, k] * w[n, k], products exact, summed in float32.
+//   ->  out [M, N] float32, out[m, n] = sum_k x[m, k] * w[n, k], products exact, summed in float32,
+//
+// for the rows m < live_rows (an int32 scalar operand, clamped to [0, M]); the rows from live_rows on are a shape
+// bucket's padding (the step's tokens end there): not computed, written as zeros.
 //
 // AMX's TDPBF16PS multiplies a tile A [16 rows, 32 bfloat16] by a tile B [16 pairs of rows, 16 columns, 2 bfloat16]
 // into a float32 tile C [16, 16]. tiles[b, s, h] is the A tile w[32b + 16h .. +16, 32s .. +32], its 16 rows of 64
@@ -23,7 +26,7 @@
 // silu_and_mul/reference.py's "silu" on tiled_dot's sums rounded to bfloat16):
 //
 //   x [M, K] bfloat16, tiles of w_gate_up [2F, K] (gate rows, then up rows; F a multiple of 32)
-//   ->  out [M, F] bfloat16 = silu(gate) * up, rounded as silu16.h says,
+//   ->  out [M, F] bfloat16 = silu(gate) * up, rounded as silu16.h says (zeros from live_rows on),
 //
 // a unit of work being gate block j and up block j (two streams of weights) against one activation block, whose
 // float32 sums stay in L1 until the epilogue writes the bfloat16 product: no [M, 2F] float32 sums in memory and no
@@ -175,6 +178,22 @@ inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const u
 // The activation rows (of 16) that half h of the activation block at m0 holds: M - m0 - 16h within [0, 16].
 inline int64_t RowsOf(int64_t M, int64_t m0, int h) { return std::clamp<int64_t>(M - m0 - 16 * h, 0, 16); }
 
+// The rows the activation block at m0 is packed and summed as: kMb, or 16 for a last block of 32 that holds at most
+// 16 rows (half the sums: a step's live rows end there in a quarter of a bucket's range).
+template <int kMb>
+inline int BlockWidth(int64_t M, int64_t m0) { return kMb == 32 && M - m0 <= 16 ? 16 : kMb; }
+
+// BlockSums over the activation block at m0, as wide as BlockWidth says.
+template <int kMb>
+inline void ActivationBlockSums(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t M,
+                                int64_t m0, int64_t K, float (*ct)[16 * 16]) {
+  if (BlockWidth<kMb>(M, m0) == 16) {
+    BlockSums<16>(block, next_block, xp + m0 * (K / 2), K, ct);
+  } else {
+    BlockSums<kMb>(block, next_block, xp + m0 * (K / 2), K, ct);
+  }
+}
+
 // out[m0 .. m0 + kMb, 0 .. 32] for the activation blocks m0 = m_begin, ... < m_end, out offset to the block's first
 // column (rows N apart): the weight block's sums, transposed into place.
 template <int kMb>
@@ -182,8 +201,8 @@ void WeightBlock(const uint16_t* block, const uint16_t* next_block, const uint32
                  int64_t m_end, int64_t M, int64_t K, int64_t N, float* out) {
   alignas(64) float ct[4][16 * 16];
   for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
-    BlockSums<kMb>(block, m0 == m_begin ? next_block : nullptr, xp + m0 * (K / 2), K, ct);
-    for (int h = 0; h < kMb / 16; ++h) {
+    ActivationBlockSums<kMb>(block, m0 == m_begin ? next_block : nullptr, xp, M, m0, K, ct);
+    for (int h = 0; h < kMb / 16; ++h) {  // a half with no rows (past M, or past a 16-wide block) stores nothing
       float* at = out + (m0 + 16 * h) * N;
       StoreTransposed(ct[2 * h], RowsOf(M, m0, h), N, at);
       StoreTransposed(ct[2 * h + 1], RowsOf(M, m0, h), N, at + 16);
@@ -207,10 +226,10 @@ void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint
                 int64_t F, uint16_t* out) {
   alignas(64) float gate[4][16 * 16], up[4][16 * 16];
   for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
-    const uint32_t* xb = xp + m0 * (K / 2);  // the activation block's pairs
-    BlockSums<kMb>(gate_block, m0 == m_begin ? next_gate : nullptr, xb, K, gate);
-    BlockSums<kMb>(up_block, m0 == m_begin ? next_up : nullptr, xb, K, up);
+    ActivationBlockSums<kMb>(gate_block, m0 == m_begin ? next_gate : nullptr, xp, M, m0, K, gate);
+    ActivationBlockSums<kMb>(up_block, m0 == m_begin ? next_up : nullptr, xp, M, m0, K, up);
     for (int t = 0; t < kMb / 8; ++t) {  // tile t: weight rows 16 (t % 2) .. + 16 against activation rows 16 (t / 2) ..
+      if (RowsOf(M, m0, t / 2) == 0) continue;  // past M, or past a 16-wide block: no sums there
       TransposeInPlace(gate[t]);
       TransposeInPlace(up[t]);
       uint16_t* at = out + (m0 + 16 * (t / 2)) * F + 16 * (t % 2);
@@ -223,13 +242,15 @@ void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint
 
 // x [M, K] repacked into pairs (tile B's layout), an activation block of kMb rows after another: [Mp/kMb, K/2, kMb]
 // with Mp = M rounded up to kMb rows, so that a block's B tiles are one contiguous run of rows 4 kMb bytes apart
-// (in one [K/2, Mp] array, rows 4 Mp bytes apart put a B tile's 16 rows in two of L1's sets once Mp is 512).
+// (in one [K/2, Mp] array, rows 4 Mp bytes apart put a B tile's 16 rows in two of L1's sets once Mp is 512); a
+// last block BlockWidth makes 16 wide is [K/2, 16] at its place.
 template <int kMb>
 std::vector<uint32_t> PackedActivations(const uint16_t* x, int64_t M, int64_t K) {
   const int64_t row_blocks = (M + kMb - 1) / kMb;
   std::vector<uint32_t> xp(static_cast<size_t>(row_blocks * K / 2 * kMb));
   for (int64_t r = 0; r < row_blocks; ++r)
-    PackPairs(x + r * kMb * K, std::min<int64_t>(kMb, M - r * kMb), K, kMb, xp.data() + r * kMb * (K / 2));
+    PackPairs(x + r * kMb * K, std::min<int64_t>(kMb, M - r * kMb), K, BlockWidth<kMb>(M, r * kMb),
+              xp.data() + r * kMb * (K / 2));
   return xp;
 }
 
@@ -286,11 +307,12 @@ void TiledSiluMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* t
 
 #endif  // JAXLLM_TILED_MATMUL
 
-// Why the kernel cannot take x [M, K] and these tiles here (success: it can).
-ffi::Error CheckOperands(ffi::Buffer<ffi::BF16>& x, ffi::Buffer<ffi::BF16>& tiles) {
+// Why the kernel cannot take x [M, K], these tiles and live_rows here (success: it can).
+ffi::Error CheckOperands(ffi::Buffer<ffi::BF16>& x, ffi::Buffer<ffi::BF16>& tiles, ffi::Buffer<ffi::S32>& live_rows) {
   const auto xd = x.dimensions(), td = tiles.dimensions();
   if (xd.size() != 2 || td.size() != 5 || td[2] != 2 || td[3] != 16 || td[4] != 32 || xd[1] != td[1] * 32)
     return ffi::Error::InvalidArgument("x must be [M, K] and tiles [N/32, K/32, 2, 16, 32]");
+  if (live_rows.element_count() != 1) return ffi::Error::InvalidArgument("live_rows must be one int32");
 #if defined(JAXLLM_AMX)
   if (!TilesGranted()) return ffi::Error::Internal("the operating system did not grant AMX tile state");
   return ffi::Error::Success();
@@ -301,11 +323,16 @@ ffi::Error CheckOperands(ffi::Buffer<ffi::BF16>& x, ffi::Buffer<ffi::BF16>& tile
 #endif
 }
 
+// The rows of x that are computed: live_rows clamped to [0, M].
+int64_t LiveRows(ffi::Buffer<ffi::S32>& live_rows, int64_t M) {
+  return std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
+}
+
 ffi::Error TiledMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> tiles,
-                              ffi::ResultBuffer<ffi::F32> out) {
-  if (ffi::Error error = CheckOperands(x, tiles); error.failure()) return error;
+                              ffi::Buffer<ffi::S32> live_rows, ffi::ResultBuffer<ffi::F32> out) {
+  if (ffi::Error error = CheckOperands(x, tiles, live_rows); error.failure()) return error;
 #ifdef JAXLLM_TILED_MATMUL
-  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = tiles.dimensions()[0] * kRows;
+  const int64_t M = LiveRows(live_rows, x.dimensions()[0]), K = x.dimensions()[1], N = tiles.dimensions()[0] * kRows;
   const auto* xs = reinterpret_cast<const uint16_t*>(x.typed_data());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.typed_data());
   if (M > 16) {
@@ -313,17 +340,19 @@ ffi::Error TiledMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ff
   } else if (M > 0) {
     TiledMatmul<16>(pool, xs, ws, M, K, N, out->typed_data());
   }
+  std::memset(out->typed_data() + M * N, 0, (x.dimensions()[0] - M) * N * sizeof(float));  // the padding rows
 #endif
   return ffi::Error::Success();
 }
 
 ffi::Error TiledSiluMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> tiles,
-                                  ffi::ResultBuffer<ffi::BF16> out) {
-  if (ffi::Error error = CheckOperands(x, tiles); error.failure()) return error;
+                                  ffi::Buffer<ffi::S32> live_rows, ffi::ResultBuffer<ffi::BF16> out) {
+  if (ffi::Error error = CheckOperands(x, tiles, live_rows); error.failure()) return error;
   if (tiles.dimensions()[0] % 2 != 0)
     return ffi::Error::InvalidArgument("gate|up tiles must stand for 2F rows, F a multiple of 32");
 #ifdef JAXLLM_TILED_MATMUL
-  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], F = tiles.dimensions()[0] / 2 * kRows;
+  const int64_t M = LiveRows(live_rows, x.dimensions()[0]), K = x.dimensions()[1];
+  const int64_t F = tiles.dimensions()[0] / 2 * kRows;
   const auto* xs = reinterpret_cast<const uint16_t*>(x.typed_data());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.typed_data());
   auto* result = reinterpret_cast<uint16_t*>(out->untyped_data());
@@ -332,6 +361,7 @@ ffi::Error TiledSiluMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x
   } else if (M > 0) {
     TiledSiluMatmul<16>(pool, xs, ws, M, K, F, result);
   }
+  std::memset(result + M * F, 0, (x.dimensions()[0] - M) * F * sizeof(uint16_t));  // the padding rows
 #endif
   return ffi::Error::Success();
 }
@@ -355,6 +385,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledMatmul, TiledMatmulHandler,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // tiles [N/32, K/32, 2, 16, 32]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // live_rows []
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [M, N]
 );
 
@@ -363,5 +394,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledSiluMatmul, TiledSiluMatmulHandler,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // tiles [2F/32, K/32, 2, 16, 32] of w_gate_up
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // live_rows []
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // out [M, F]
 );

@@ -112,7 +112,7 @@ def _config(**overrides) -> ModelConfig:
 
 def _forward(config, kernels, dtype):
     params = random_params(config, jax.random.key(0), dtype, scale=0.1)
-    batch = build_step_batch([SequenceChunk([5, 90, 33, 2, 7, 11], 0, [0]), SequenceChunk([64], 7, [1])], 8,
+    batch = build_step_batch([SequenceChunk([5, 90, 33, 2, 7, 11], 0, [1]), SequenceChunk([64], 7, [2])], 8,
                              num_tokens=8)
     args = (params, init_kv_cache(config, 4, 8, dtype), batch)
     logits, _ = jit_forward(config, kernels)(*args)

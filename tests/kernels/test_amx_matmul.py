@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from jaxllm.engine import program_cache
+from jaxllm.loaders.cpu_dtype import cpu_flags
 from pallas_kernels.amx_matmul.cpu import amx_matmul_error, tiled_matmul_cpu, tiled_silu_matmul_cpu
 from pallas_kernels.amx_matmul.reference import pack_tiles, tiled_dot, tiled_rows, unpack_tiles
 from pallas_kernels.silu_and_mul.reference import gated_activation_reference
 
 
 def _cpu_multiplies_tiles() -> bool:
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    return jax.default_backend() == "cpu" and ("amx_bf16" in flags or "avx512_bf16" in flags)
+    return jax.default_backend() == "cpu" and bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 needs_tiled_kernel = pytest.mark.skipif(not _cpu_multiplies_tiles(),
@@ -85,6 +85,22 @@ def test_leading_axes_are_kept(kernel):
     got, flat = np.asarray(jax.jit(kernel)(x, tiles)), np.asarray(jax.jit(kernel)(x.reshape(6, 64), tiles))
     assert got.shape == (2, 3, flat.shape[-1])
     np.testing.assert_array_equal(got.reshape(flat.shape), flat)
+
+
+@needs_tiled_kernel
+@pytest.mark.parametrize("kernel", [tiled_matmul_cpu, tiled_silu_matmul_cpu])
+@pytest.mark.parametrize("m,live", [(64, 49), (64, 40), (64, 17), (64, 16), (32, 5), (16, 0), (8, 8), (8, 30), (8, -3)])
+def test_rows_from_live_rows_on_are_zeros_and_the_others_what_all_rows_give(kernel, m, live):
+    """A bucket's padding rows are not computed: zeros from live_rows (clamped to [0, M]) on; the rows before it
+    bit for bit what the call on every row gives them (fewer live rows may take the 16-row activation blocks)."""
+    rng = np.random.default_rng(m * 100 + live)
+    x, tiles = jnp.asarray(_bf16(rng, m, 96)), jnp.asarray(pack_tiles(_bf16(rng, 128, 96)))
+    every = np.asarray(jax.jit(kernel)(x, tiles))
+    got = np.asarray(jax.jit(kernel)(x, tiles, jnp.int32(live)))
+    n = min(max(live, 0), m)
+    assert got.shape == every.shape and got.dtype == every.dtype
+    np.testing.assert_array_equal(got[:n].view(np.uint8), every[:n].view(np.uint8))
+    assert np.all(got[n:] == 0) and np.all(every[n:] != 0)
 
 
 def test_the_kernel_refuses_other_operands_by_their_shapes():

@@ -9,7 +9,6 @@ key reaches a result; inputs that break the contract are errors, not reads outsi
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxllm.compile_counter import CompileCounter
+from jaxllm.loaders.cpu_dtype import cpu_flags
 from pallas_kernels.amx_matmul.cpu import amx_matmul_error
 from pallas_kernels.paged_attention.cpu_kernel import (cpu_kernel_error, cpu_ragged_paged_attention,
                                                        prompt_tiles_on_amx)
@@ -118,8 +118,7 @@ def test_a_bfloat16_pool_attends_as_its_values_in_float32():
 def test_prompt_tiles_run_on_amx_wherever_the_matmul_does():
     """The attention kernel takes AMX tiles on exactly the machines where the tiled matmul runs on AMX (where the
     CPU has AVX512-BF16 but no AMX, the matmul runs and attention takes its AVX-512 lanes)."""
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    assert prompt_tiles_on_amx() == (amx_matmul_error() is None and "amx_bf16" in flags)
+    assert prompt_tiles_on_amx() == (amx_matmul_error() is None and "amx_bf16" in cpu_flags())
 
 
 def test_one_program_serves_every_mix():

@@ -140,7 +140,7 @@ def test_host_packing_equals_the_jnp_packing():
 
 
 def _forward_logits(config, params, kernels, chunks=None, num_tokens=8):
-    chunks = chunks or [SequenceChunk([5, 90, 33, 2], 0, [0]), SequenceChunk([64], 7, [1])]
+    chunks = chunks or [SequenceChunk([5, 90, 33, 2], 0, [1]), SequenceChunk([64], 7, [2])]
     batch = build_step_batch(chunks, 8, num_tokens=num_tokens)
     logits, _ = jit_forward(config, kernels)(params, init_kv_cache(config, 4, 8, jnp.bfloat16), batch)
     return np.asarray(logits)
@@ -166,8 +166,8 @@ def test_the_forward_with_the_native_kernels_matches_the_dense_forward(tokens):
     params = _params(config)
     tiled = tile_params(params, AMX, num_devices=1)
     kernels = dataclasses.replace(AMX, matvec16="native")
-    chunks = [SequenceChunk([5, 90, 33, 2], 0, [0]), SequenceChunk([64], 7, [1])] if tokens == 8 else \
-        [SequenceChunk([64], 7, [1])]
+    chunks = [SequenceChunk([5, 90, 33, 2], 0, [1]), SequenceChunk([64], 7, [2])] if tokens == 8 else \
+        [SequenceChunk([64], 7, [2])]
     got = _forward_logits(config, tiled, kernels, chunks, tokens)
     want = _forward_logits(config, params, REFERENCE, chunks, tokens)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

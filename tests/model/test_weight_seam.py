@@ -28,7 +28,7 @@ class RowScaled(weights.WeightFormat):
     values: jax.Array  # [..., N, K]
     scale: jax.Array  # [..., N]
 
-    def dot(self, x, kernels):
+    def dot(self, x, kernels, live_rows=None):  # computes every row
         return weights.dense_dot(x, self.values) * self.scale.astype(jnp.float32)
 
     def take_rows(self, index, axis):
@@ -53,9 +53,9 @@ class LowRankDelta(weights.WeightFormat):
     a: jax.Array  # [..., N, R]
     b: jax.Array  # [..., R, K]
 
-    def dot(self, x, kernels):
+    def dot(self, x, kernels, live_rows=None):
         delta = weights.dense_dot(weights.dense_dot(x, self.b), self.a.astype(jnp.float32))  # [..., N]
-        return weights.dot(x, self.base, kernels) + delta
+        return weights.dot(x, self.base, kernels, live_rows) + delta
 
     def take_rows(self, index, axis):
         return LowRankDelta(weights.take_rows(self.base, index, axis), weights.take_rows(self.a, index, axis),

@@ -91,7 +91,7 @@ def test_the_forced_int4_kernel_runs_in_the_forward_and_matches_the_reference():
                          num_heads=2, num_kv_heads=1, head_dim=32)
     params = jax.tree.map(jnp.asarray, rtn_awq_params(random_params(config, jax.random.key(0), jnp.float32,
                                                                     scale=0.1), group_size=32))
-    batch = build_step_batch([SequenceChunk([1, 2, 3], 0, [0]), SequenceChunk([4], 5, [1])], 8, num_tokens=8)
+    batch = build_step_batch([SequenceChunk([1, 2, 3], 0, [1]), SequenceChunk([4], 5, [2])], 8, num_tokens=8)
     logits = {}
     for name in ("reference", "pallas"):
         chosen = dataclasses.replace(select_kernels("reference"), awq_matmul=name, interpret=True)
