@@ -14,9 +14,10 @@
 // bytes in a row, so a block of 32 weight rows is one contiguous run that the kernel reads front to back (the
 // prefetchers see one stream; the next block is prefetched while this one is used). It computes C^T = w x^T: the
 // activations are repacked, once a call, into pairs (x[m, 2p], x[m, 2p+1]), B's layout, an activation block (16 rows
-// for M <= 16, else 32; zero rows past M) after another: xp [Mp/kMb, K/2, kMb]. A work item takes a run
-// of weight blocks; for each, every activation block: the weight block's two A tiles times the block's one or two
-// B tiles into two or four C tiles over K, each C^T tile then transposed in registers and stored into out.
+// for M <= 16, else 32; zero rows past M) after another: xp [Mp/kMb, K/2, kMb]. Each thread takes a run
+// of weight blocks (ForEachBlock); for each, every activation block: the weight block's two A tiles times the
+// block's one or two B tiles into two or four C tiles over K, each C^T tile then transposed in registers and stored
+// into out.
 //
 // Without AMX the same C^T tiles are summed with AVX512-BF16's VDPBF16PS (each pair's two products exact, summed in
 // float32): a group of weight rows at a time, 16 accumulators of 16 activation rows, each weight pair broadcast from
@@ -28,7 +29,7 @@
 //   x [M, K] bfloat16, tiles of w_gate_up [2F, K] (gate rows, then up rows; F a multiple of 32)
 //   ->  out [M, F] bfloat16 = silu(gate) * up, rounded as silu16.h says (zeros from live_rows on),
 //
-// a unit of work being gate block j and up block j (two streams of weights) against one activation block, whose
+// gate block j and up block j (two streams of weights) taken together, against each activation block, whose
 // float32 sums stay in L1 until the epilogue writes the bfloat16 product: no [M, 2F] float32 sums in memory and no
 // second pass over them.
 
@@ -49,7 +50,7 @@ namespace {
 
 constexpr int64_t kRows = 32;              // weight rows per block: two A tiles
 constexpr int64_t kStepElems = 2 * 16 * 32;  // one 32-column step of a block: two 16 x 32 A tiles
-constexpr int64_t kMinItemBytes = 1 << 17;  // weight bytes of one work item at least
+constexpr int64_t kMinThreadBytes = 1 << 17;  // weight bytes a thread at least
 
 #if defined(JAXLLM_AMX) || (defined(__AVX512F__) && defined(__AVX512BF16__))
 #define JAXLLM_TILED_MATMUL 1  // this build multiplies the tiles: on AMX, else with AVX512-BF16's VDPBF16PS
@@ -81,15 +82,15 @@ inline void PrefetchStep(const uint16_t* next_block, int64_t k_step, int first =
 
 using jaxllm::TilesGranted;
 
-// A work item's thread holds AMX's tile state for the item: tiles 0-3 C (float32 16 x 16), 4, 5 A (weight rows),
-// 6, 7 B (activation pairs), each 16 rows x 64 bytes. Tile state is per thread.
-struct ItemTiles {
-  ItemTiles() {
+// A thread holds AMX's tile state for its run of weight blocks (ParallelRuns's Scope): tiles 0-3 C (float32
+// 16 x 16), 4, 5 A (weight rows), 6, 7 B (activation pairs), each 16 rows x 64 bytes. Tile state is per thread.
+struct ThreadTiles {
+  ThreadTiles() {
     jaxllm::TileConfig config;
     for (int t = 0; t < 8; ++t) config.Set(t, 16, 64);
     _tile_loadconfig(&config);
   }
-  ~ItemTiles() { _tile_release(); }
+  ~ThreadTiles() { _tile_release(); }
 };
 
 // The float32 sums of the weight block `block` [K/32, 2, 16, 32] against an activation block's kMb rows (`xb`, its
@@ -131,7 +132,7 @@ inline void BlockSums(const uint16_t* block, const uint16_t* next_block, const u
 
 #else  // AVX512-BF16 without AMX
 
-struct ItemTiles {};  // no tile state to hold
+struct ThreadTiles {};  // no tile state to hold
 
 // Weight rows 16 hw + r0 .. + R of the block against the activation block's 16 V rows (`xb`, pairs [K/2, 16 V]):
 // R x V accumulators of 16 activation rows each, one weight pair broadcast against V vectors of pairs a VDPBF16PS
@@ -194,14 +195,14 @@ inline void ActivationBlockSums(const uint16_t* block, const uint16_t* next_bloc
   }
 }
 
-// out[m0 .. m0 + kMb, 0 .. 32] for the activation blocks m0 = m_begin, ... < m_end, out offset to the block's first
+// out[m0 .. m0 + kMb, 0 .. 32] for every activation block m0 = 0, kMb, ... < M, out offset to the block's first
 // column (rows N apart): the weight block's sums, transposed into place.
 template <int kMb>
-void WeightBlock(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t m_begin,
-                 int64_t m_end, int64_t M, int64_t K, int64_t N, float* out) {
+void WeightBlock(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t M, int64_t K,
+                 int64_t N, float* out) {
   alignas(64) float ct[4][16 * 16];
-  for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
-    ActivationBlockSums<kMb>(block, m0 == m_begin ? next_block : nullptr, xp, M, m0, K, ct);
+  for (int64_t m0 = 0; m0 < M; m0 += kMb) {
+    ActivationBlockSums<kMb>(block, m0 == 0 ? next_block : nullptr, xp, M, m0, K, ct);
     for (int h = 0; h < kMb / 16; ++h) {  // a half with no rows (past M, or past a 16-wide block) stores nothing
       float* at = out + (m0 + 16 * h) * N;
       StoreTransposed(ct[2 * h], RowsOf(M, m0, h), N, at);
@@ -218,16 +219,15 @@ inline void TransposeInPlace(float* ct) {
   for (int i = 0; i < 16; ++i) _mm512_store_ps(ct + 16 * i, r[i]);
 }
 
-// out[m0 .. m0 + kMb, 0 .. 32] bfloat16 = silu(gate) * up (silu16.h) for the activation blocks m_begin .. m_end of
+// out[m0 .. m0 + kMb, 0 .. 32] bfloat16 = silu(gate) * up (silu16.h) for every activation block m0 < M of
 // a gate block and its up block (the weight's blocks j and F/32 + j), out offset to column 32j (rows F apart).
 template <int kMb>
 void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint16_t* next_gate,
-                const uint16_t* next_up, const uint32_t* xp, int64_t m_begin, int64_t m_end, int64_t M, int64_t K,
-                int64_t F, uint16_t* out) {
+                const uint16_t* next_up, const uint32_t* xp, int64_t M, int64_t K, int64_t F, uint16_t* out) {
   alignas(64) float gate[4][16 * 16], up[4][16 * 16];
-  for (int64_t m0 = m_begin; m0 < m_end; m0 += kMb) {
-    ActivationBlockSums<kMb>(gate_block, m0 == m_begin ? next_gate : nullptr, xp, M, m0, K, gate);
-    ActivationBlockSums<kMb>(up_block, m0 == m_begin ? next_up : nullptr, xp, M, m0, K, up);
+  for (int64_t m0 = 0; m0 < M; m0 += kMb) {
+    ActivationBlockSums<kMb>(gate_block, m0 == 0 ? next_gate : nullptr, xp, M, m0, K, gate);
+    ActivationBlockSums<kMb>(up_block, m0 == 0 ? next_up : nullptr, xp, M, m0, K, up);
     for (int t = 0; t < kMb / 8; ++t) {  // tile t: weight rows 16 (t % 2) .. + 16 against activation rows 16 (t / 2) ..
       if (RowsOf(M, m0, t / 2) == 0) continue;  // past M, or past a 16-wide block: no sums there
       TransposeInPlace(gate[t]);
@@ -254,27 +254,18 @@ std::vector<uint32_t> PackedActivations(const uint16_t* x, int64_t M, int64_t K)
   return xp;
 }
 
-// Runs block(b, next_is_mine, r_begin, r_end) over the units (weight block b < blocks, activation block r <
-// row_blocks), weight-block-major in runs that share a weight block, as work items of at least kMinItemBytes of
-// weights each (unit_bytes a unit) on XLA's intra-op threads and the calling thread, each with its tiles configured.
-// next_is_mine: the item also reads block b + 1 (worth asking for early).
+// Runs block(b, next) for the weight blocks b < blocks (each against every activation block) on XLA's intra-op
+// threads and the calling thread, each thread taking a contiguous run of blocks (ParallelRuns) with its tiles
+// configured; fewer threads where the call holds under kMinThreadBytes of weights a thread (block_bytes a block).
+// next: the weight block this thread will likely take after b (-1: none), asked for while b is summed.
 //
-// One item a thread at most: an item asks for its next block while it sums this one, so only its first block comes
-// cold from memory. A few items a thread for balance made most blocks an item's first (12 items over 18 blocks);
-// with the weights streamed from memory as in a step, that cost 1.2-1.7x a call at 16 to 64 rows.
+// A thread asks for its next block while it sums this one, so a run's blocks come warm but its first: contiguous
+// runs, not a few small items a thread dealt out in turn (12 items over 18 blocks made most blocks an item's first,
+// cold from memory: with the weights streamed as in a step, 1.2-1.7x a call at 16 to 64 rows).
 template <typename Block>
-void ForEachUnit(ffi::ThreadPool& pool, int64_t blocks, int64_t row_blocks, int64_t unit_bytes, Block block) {
-  const int64_t units = blocks * row_blocks, max_items = pool.num_threads();  // the calling thread and the helpers
-  const int64_t items = std::clamp<int64_t>(units * unit_bytes / kMinItemBytes, 1, std::min(units, max_items));
-  jaxllm::ParallelFor(pool, items, [=](int64_t i) {
-    [[maybe_unused]] const ItemTiles tiles;
-    const int64_t end = (i + 1) * units / items;
-    for (int64_t u = i * units / items; u < end;) {
-      const int64_t b = u / row_blocks, r = u % row_blocks, run = std::min(row_blocks - r, end - u);
-      block(b, b + 1 < blocks && (b + 1) * row_blocks < end, r, r + run);
-      u += run;
-    }
-  });
+void ForEachBlock(ffi::ThreadPool& pool, int64_t blocks, int64_t block_bytes, Block block) {
+  const int64_t threads = std::clamp<int64_t>(blocks * block_bytes / kMinThreadBytes, 1, pool.num_threads());
+  jaxllm::ParallelRuns<ThreadTiles>(pool, blocks, threads, block);
 }
 
 template <int kMb>
@@ -282,30 +273,29 @@ void TiledMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles
                  float* out) {
   const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
   const int64_t row_blocks = (M + kMb - 1) / kMb, block_elems = kRows * K;
-  const int64_t unit_bytes = block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
+  const int64_t block_bytes = block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
   const uint32_t* packed = xp.data();
-  ForEachUnit(pool, N / kRows, row_blocks, unit_bytes, [=](int64_t b, bool next_is_mine, int64_t r0, int64_t r1) {
-    const uint16_t* block = tiles + b * block_elems;
-    WeightBlock<kMb>(block, next_is_mine ? block + block_elems : nullptr, packed, r0 * kMb, r1 * kMb, M, K, N,
+  ForEachBlock(pool, N / kRows, block_bytes, [=](int64_t b, int64_t next) {
+    WeightBlock<kMb>(tiles + b * block_elems, next < 0 ? nullptr : tiles + next * block_elems, packed, M, K, N,
                      out + b * kRows);
   });
 }
 
 // The gate|up projection's SiLU and product: tiles of w_gate_up [2F, K] (gate rows, then up rows), F a multiple of
-// 32; a unit is gate block j and up block j against one activation block.
+// 32; gate block j and up block j are taken together.
 template <int kMb>
 void TiledSiluMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K,
                      int64_t F, uint16_t* out) {
   const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
   const int64_t row_blocks = (M + kMb - 1) / kMb, block_elems = kRows * K;
-  const int64_t unit_bytes = 2 * block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
+  const int64_t block_bytes = 2 * block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
   const int64_t up_offset = F / kRows * block_elems;  // up block j lies F/32 blocks after gate block j
   const uint32_t* packed = xp.data();
-  ForEachUnit(pool, F / kRows, row_blocks, unit_bytes, [=](int64_t j, bool next_is_mine, int64_t r0, int64_t r1) {
+  ForEachBlock(pool, F / kRows, block_bytes, [=](int64_t j, int64_t next) {
     const uint16_t* gate = tiles + j * block_elems;
-    const uint16_t* next_gate = next_is_mine ? gate + block_elems : nullptr;
+    const uint16_t* next_gate = next < 0 ? nullptr : tiles + next * block_elems;
     GatedBlock<kMb>(gate, gate + up_offset, next_gate, next_gate == nullptr ? nullptr : next_gate + up_offset,
-                    packed, r0 * kMb, r1 * kMb, M, K, F, out + j * kRows);
+                    packed, M, K, F, out + j * kRows);
   });
 }
 

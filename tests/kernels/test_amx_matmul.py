@@ -79,6 +79,30 @@ def test_the_kernel_is_the_exact_sum_up_to_its_order(m, n, k):
 
 @needs_tiled_kernel
 @pytest.mark.parametrize("kernel", [tiled_matmul_cpu, tiled_silu_matmul_cpu])
+@pytest.mark.parametrize("m", [5, 40])
+def test_every_call_writes_every_block_however_the_threads_split_them(kernel, m):
+    """The threads take runs of weight blocks and then each other's from the back, so which thread sums a block
+    changes from call to call: calls alternating between two inputs give each input's first result bit for bit (a
+    block left unwritten would hold the other input's values, the buffer being reused), and that result is the
+    reference's (tiled_dot's sums up to their order; for the fused kernel, the activation on the plain kernel's)."""
+    rng = np.random.default_rng(m)
+    tiles = jnp.asarray(pack_tiles(_bf16(rng, 3072, 576)))  # 96 blocks of 32 rows, 3.4 MiB: split over the threads
+    xs = [jnp.asarray(_bf16(rng, m, 576)) for _ in range(2)]
+    call = jax.jit(kernel)
+    first = [np.asarray(call(x, tiles)) for x in xs]
+    for x, got in zip(xs, first):
+        if kernel is tiled_silu_matmul_cpu:
+            sums = jax.jit(tiled_matmul_cpu)(x, tiles).astype(jnp.bfloat16)  # [m, 3072]: gate, then up
+            want = np.asarray(jax.jit(gated_activation_reference, static_argnums=1)(sums, "silu"))
+            np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+        else:
+            np.testing.assert_allclose(got, np.asarray(tiled_dot(x, tiles)), rtol=1e-4, atol=1e-3)
+    for i in range(40):
+        np.testing.assert_array_equal(np.asarray(call(xs[i % 2], tiles)), first[i % 2])
+
+
+@needs_tiled_kernel
+@pytest.mark.parametrize("kernel", [tiled_matmul_cpu, tiled_silu_matmul_cpu])
 def test_leading_axes_are_kept(kernel):
     rng = np.random.default_rng(2)
     x, tiles = jnp.asarray(_bf16(rng, 2, 3, 64)), jnp.asarray(pack_tiles(_bf16(rng, 128, 64)))
