@@ -243,15 +243,19 @@ void GatedBlock(const uint16_t* gate_block, const uint16_t* up_block, const uint
 // x [M, K] repacked into pairs (tile B's layout), an activation block of kMb rows after another: [Mp/kMb, K/2, kMb]
 // with Mp = M rounded up to kMb rows, so that a block's B tiles are one contiguous run of rows 4 kMb bytes apart
 // (in one [K/2, Mp] array, rows 4 Mp bytes apart put a B tile's 16 rows in two of L1's sets once Mp is 512); a
-// last block BlockWidth makes 16 wide is [K/2, 16] at its place.
+// last block BlockWidth makes 16 wide is [K/2, 16] at its place. They lie in the calling thread's scratch, kept
+// from call to call: a fresh allocation (a 512-row step's pairs are 0.6-1.5 MiB) cost its zeroing and page faults
+// on every call, half again the time of a block's sums. Valid until the thread's next call.
 template <int kMb>
-std::vector<uint32_t> PackedActivations(const uint16_t* x, int64_t M, int64_t K) {
+const uint32_t* PackedActivations(const uint16_t* x, int64_t M, int64_t K) {
+  thread_local std::vector<uint32_t> xp;
   const int64_t row_blocks = (M + kMb - 1) / kMb;
-  std::vector<uint32_t> xp(static_cast<size_t>(row_blocks * K / 2 * kMb));
+  const auto size = static_cast<size_t>(row_blocks * K / 2 * kMb);
+  if (xp.size() < size) xp.resize(size);
   for (int64_t r = 0; r < row_blocks; ++r)
     PackPairs(x + r * kMb * K, std::min<int64_t>(kMb, M - r * kMb), K, BlockWidth<kMb>(M, r * kMb),
               xp.data() + r * kMb * (K / 2));
-  return xp;
+  return xp.data();
 }
 
 // Runs block(b, next) for the weight blocks b < blocks (each against every activation block) on XLA's intra-op
@@ -271,10 +275,9 @@ void ForEachBlock(ffi::ThreadPool& pool, int64_t blocks, int64_t block_bytes, Bl
 template <int kMb>
 void TiledMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K, int64_t N,
                  float* out) {
-  const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
+  const uint32_t* packed = PackedActivations<kMb>(x, M, K);
   const int64_t row_blocks = (M + kMb - 1) / kMb, block_elems = kRows * K;
   const int64_t block_bytes = block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
-  const uint32_t* packed = xp.data();
   ForEachBlock(pool, N / kRows, block_bytes, [=](int64_t b, int64_t next) {
     WeightBlock<kMb>(tiles + b * block_elems, next < 0 ? nullptr : tiles + next * block_elems, packed, M, K, N,
                      out + b * kRows);
@@ -286,11 +289,10 @@ void TiledMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles
 template <int kMb>
 void TiledSiluMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K,
                      int64_t F, uint16_t* out) {
-  const std::vector<uint32_t> xp = PackedActivations<kMb>(x, M, K);
+  const uint32_t* packed = PackedActivations<kMb>(x, M, K);
   const int64_t row_blocks = (M + kMb - 1) / kMb, block_elems = kRows * K;
   const int64_t block_bytes = 2 * block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
   const int64_t up_offset = F / kRows * block_elems;  // up block j lies F/32 blocks after gate block j
-  const uint32_t* packed = xp.data();
   ForEachBlock(pool, F / kRows, block_bytes, [=](int64_t j, int64_t next) {
     const uint16_t* gate = tiles + j * block_elems;
     const uint16_t* next_gate = next < 0 ? nullptr : tiles + next * block_elems;
