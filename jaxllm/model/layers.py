@@ -23,7 +23,8 @@ def linear(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = 
     """x [..., K] @ w[N, K].T (+ b [N]) -> [..., N] in x.dtype, accumulated in float32. `w` is any weight format
     (weights.py: a dense array, or a WeightFormat that does its own dot); the layers never look at it. live_rows
     (an int32 scalar, None: all rows): x's rows from it on are a bucket's padding, which the dot may skip."""
-    return linear_sums(x, w, b, kernels, live_rows).astype(x.dtype)
+    rounded = None if b is not None else weights.rounded_dot(x, w, kernels, live_rows)  # rounded as it is stored
+    return rounded if rounded is not None else linear_sums(x, w, b, kernels, live_rows).astype(x.dtype)
 
 
 def linear_sums(x: jax.Array, w: Any, b: jax.Array | None = None, kernels: Kernels = REFERENCE,

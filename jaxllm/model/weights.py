@@ -76,8 +76,8 @@ class TiledWeight(WeightFormat):
     (pallas_kernels/amx_matmul: a block of 32 rows is one contiguous run in the order the kernel reads it). Its
     dot runs the skinny kernel on the tiles for at most TILED_SKINNY_MAX_ROWS rows of x where Kernels.matvec16 is
     "native", the tiled kernel (AMX, else AVX512-BF16) where Kernels.amx_matmul is "cpu", else the jnp contract
-    (the tiles laid back out). Where the tiled kernel runs, a gate|up weight's dot can also end in the gated MLP's
-    SiLU (`silu_and_mul`)."""
+    (the tiles laid back out). Where the tiled kernel runs, a dot can also store its sums rounded to bfloat16
+    (`rounded_dot`), and a gate|up weight's dot end in the gated MLP's SiLU (`silu_and_mul`)."""
     tiles: jax.Array
 
     def dot(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array:
@@ -93,6 +93,13 @@ class TiledWeight(WeightFormat):
         if self._takes_skinny(x, kernels) or not self._takes_tiled_kernel(x, kernels) or self.tiles.shape[0] % 2:
             return None
         return tiled_silu_matmul_cpu(x, self.tiles, live_rows)
+
+    def rounded_dot(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array | None:
+        """dot's sums rounded to bfloat16 [..., N] as the tiled kernel stores them (bit for bit their astype, with no
+        pass of its own), where the dot would run the tiled kernel; else None."""
+        if self._takes_skinny(x, kernels) or not self._takes_tiled_kernel(x, kernels):
+            return None
+        return tiled_matmul_cpu(x, self.tiles, live_rows, jnp.bfloat16)
 
     def _takes_skinny(self, x: jax.Array, kernels: Kernels) -> bool:
         return kernels.matvec16 == "native" and _rows(x) <= TILED_SKINNY_MAX_ROWS and skinny_supports(x, self.tiles)
@@ -127,6 +134,13 @@ def fused_silu_and_mul(x: jax.Array, w_gate_up: Any, kernels: Kernels = REFERENC
     """silu(gate) * up [..., F] in x.dtype straight from x where w_gate_up's format fuses the activation into its
     dot (TiledWeight.silu_and_mul); None where the caller takes the dot's sums and the activation apart."""
     return w_gate_up.silu_and_mul(x, kernels, live_rows) if isinstance(w_gate_up, TiledWeight) else None
+
+
+def rounded_dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE,
+                live_rows: jax.Array | None = None) -> jax.Array | None:
+    """dot(x, w) rounded to x.dtype [..., N] by the dot itself where w's format does that (TiledWeight.rounded_dot);
+    None where the caller rounds dot's float32 sums."""
+    return w.rounded_dot(x, kernels, live_rows) if isinstance(w, TiledWeight) else None
 
 
 def dot(x: jax.Array, w: Any, kernels: Kernels = REFERENCE, live_rows: jax.Array | None = None) -> jax.Array:

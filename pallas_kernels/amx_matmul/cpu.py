@@ -18,16 +18,24 @@ from pallas_kernels.native_build import CpuTarget, NativeBuildError, load_native
 
 _SOURCE = Path(__file__).with_name("cpu_kernel.cc")
 KERNEL = CpuTarget(_SOURCE, "JaxllmTiledMatmul", "jaxllm_tiled_matmul")
+ROUNDED_KERNEL = CpuTarget(_SOURCE, "JaxllmTiledMatmulBf16", "jaxllm_tiled_matmul_bf16")
 SILU_KERNEL = CpuTarget(_SOURCE, "JaxllmTiledSiluMatmul", "jaxllm_tiled_silu_matmul")
 
 
-def tiled_matmul_cpu(x: jax.Array, tiles: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
-    """x [..., K] bfloat16 @ w.T -> [..., N] float32 for tiles [N/32, K/32, 2, 16, 32] bfloat16 of w [N, K].
+def tiled_matmul_cpu(x: jax.Array, tiles: jax.Array, live_rows: jax.Array | None = None,
+                     dtype=jnp.float32) -> jax.Array:
+    """x [..., K] bfloat16 @ w.T -> [..., N] float32 for tiles [N/32, K/32, 2, 16, 32] bfloat16 of w [N, K]; with
+    dtype bfloat16, those float32 sums rounded to bfloat16 as they are stored (bit for bit their astype, with no
+    pass of XLA's over them).
 
     live_rows (an int32 scalar, None: all): x's rows (flattened) from live_rows on are padding, not computed; the
     result's rows there are zeros."""
     _check_operands(x, tiles)
-    return _call(KERNEL, x, tiles.shape[0] * 32, jnp.float32, tiles, live_rows)  # [..., N]
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"the tiled matmul writes float32 sums or bfloat16; got dtype {dtype}")
+    target = KERNEL if dtype == jnp.float32 else ROUNDED_KERNEL
+    return _call(target, x, tiles.shape[0] * 32, dtype, tiles, live_rows)  # [..., N]
 
 
 def tiled_silu_matmul_cpu(x: jax.Array, tiles: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
@@ -63,9 +71,9 @@ def _call(target: CpuTarget, x: jax.Array, n: int, dtype, tiles: jax.Array, live
 @functools.cache
 def amx_matmul_error() -> str | None:
     """Why the kernel cannot run here (neither AMX-BF16 nor AVX512-BF16 on this CPU, AMX's tile state not granted,
-    a build error), or None. Registers both targets: a program kept by the engine's program cache that calls the
+    a build error), or None. Registers every target: a program kept by the engine's program cache that calls the
     fused one must find it registered when it is loaded, before anything is traced."""
-    for target in (KERNEL, SILU_KERNEL):
+    for target in (KERNEL, ROUNDED_KERNEL, SILU_KERNEL):
         if target.error is not None:
             return target.error
     try:

@@ -7,7 +7,8 @@
 //   ->  out [M, N] float32, out[m, n] = sum_k x[m, k] * w[n, k], products exact, summed in float32,
 //
 // for the rows m < live_rows (an int32 scalar operand, clamped to [0, M]); the rows from live_rows on are a shape
-// bucket's padding (the step's tokens end there): not computed, written as zeros.
+// bucket's padding (the step's tokens end there): not computed, written as zeros. A second target stores the sums
+// rounded to bfloat16 (out [M, N] bfloat16, bit for bit XLA's convert of the float32 result).
 //
 // AMX's TDPBF16PS multiplies a tile A [16 rows, 32 bfloat16] by a tile B [16 pairs of rows, 16 columns, 2 bfloat16]
 // into a float32 tile C [16, 16]. tiles[b, s, h] is the A tile w[32b + 16h .. +16, 32s .. +32], its 16 rows of 64
@@ -23,7 +24,7 @@
 // float32): a group of weight rows at a time, 16 accumulators of 16 activation rows, each weight pair broadcast from
 // the tile against one or two vectors of activation pairs (RowGroupSums). Everything around the sums is shared.
 //
-// A second handler fuses the gated MLP's SiLU and product into the gate|up projection (the contract of
+// A third handler fuses the gated MLP's SiLU and product into the gate|up projection (the contract of
 // silu_and_mul/reference.py's "silu" on tiled_dot's sums rounded to bfloat16):
 //
 //   x [M, K] bfloat16, tiles of w_gate_up [2F, K] (gate rows, then up rows; F a multiple of 32)
@@ -36,6 +37,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "amx.h"
@@ -61,13 +63,20 @@ constexpr int64_t kMinThreadBytes = 1 << 17;  // weight bytes a thread at least
 using jaxllm::PackPairs;
 using jaxllm::Transpose16;
 
-// ct [16 n, 16 m] (C^T, rows 64 bytes apart) -> out[j, 0 .. 16] for the j < rows valid rows (out rows N apart).
-inline void StoreTransposed(const float* ct, int64_t rows, int64_t N, float* out) {
+inline void Store16(float* at, __m512 sums) { _mm512_storeu_ps(at, sums); }
+inline void Store16(uint16_t* at, __m512 sums) {  // rounded to bfloat16 as XLA's convert rounds: bit for bit
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), jaxllm::RoundToBf16x16(sums));
+}
+
+// ct [16 n, 16 m] (C^T, rows 64 bytes apart) -> out[j, 0 .. 16] for the j < rows valid rows (out rows N apart), as
+// float32 sums or (Out uint16_t) rounded to bfloat16.
+template <typename Out>
+inline void StoreTransposed(const float* ct, int64_t rows, int64_t N, Out* out) {
   if (rows <= 0) return;
   __m512 r[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(ct + 16 * i);
   Transpose16(r);
-  for (int j = 0; j < rows; ++j) _mm512_storeu_ps(out + j * N, r[j]);
+  for (int j = 0; j < rows; ++j) Store16(out + j * N, r[j]);
 }
 
 // Lines [first, first + count) of step k_step of the next weight block (its two tiles, 2 KiB), asked for
@@ -196,15 +205,15 @@ inline void ActivationBlockSums(const uint16_t* block, const uint16_t* next_bloc
 }
 
 // out[m0 .. m0 + kMb, 0 .. 32] for every activation block m0 = 0, kMb, ... < M, out offset to the block's first
-// column (rows N apart): the weight block's sums, transposed into place.
-template <int kMb>
+// column (rows N apart): the weight block's sums, transposed into place (Out: as StoreTransposed stores them).
+template <int kMb, typename Out>
 void WeightBlock(const uint16_t* block, const uint16_t* next_block, const uint32_t* xp, int64_t M, int64_t K,
-                 int64_t N, float* out) {
+                 int64_t N, Out* out) {
   alignas(64) float ct[4][16 * 16];
   for (int64_t m0 = 0; m0 < M; m0 += kMb) {
     ActivationBlockSums<kMb>(block, m0 == 0 ? next_block : nullptr, xp, M, m0, K, ct);
     for (int h = 0; h < kMb / 16; ++h) {  // a half with no rows (past M, or past a 16-wide block) stores nothing
-      float* at = out + (m0 + 16 * h) * N;
+      Out* at = out + (m0 + 16 * h) * N;
       StoreTransposed(ct[2 * h], RowsOf(M, m0, h), N, at);
       StoreTransposed(ct[2 * h + 1], RowsOf(M, m0, h), N, at + 16);
     }
@@ -272,9 +281,9 @@ void ForEachBlock(ffi::ThreadPool& pool, int64_t blocks, int64_t block_bytes, Bl
   jaxllm::ParallelRuns<ThreadTiles>(pool, blocks, threads, block);
 }
 
-template <int kMb>
+template <int kMb, typename Out>
 void TiledMatmul(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* tiles, int64_t M, int64_t K, int64_t N,
-                 float* out) {
+                 Out* out) {
   const uint32_t* packed = PackedActivations<kMb>(x, M, K);
   const int64_t row_blocks = (M + kMb - 1) / kMb, block_elems = kRows * K;
   const int64_t block_bytes = block_elems * sizeof(uint16_t) * std::min<int64_t>(row_blocks, 2);
@@ -324,19 +333,24 @@ int64_t LiveRows(ffi::Buffer<ffi::S32>& live_rows, int64_t M) {
   return std::clamp<int64_t>(live_rows.typed_data()[0], 0, M);
 }
 
+// The tiled matmul's float32 sums (kOut F32), or those sums rounded to bfloat16 (BF16: the rounding XLA's convert
+// would do after it, in the store instead of a pass of its own).
+template <ffi::DataType kOut>
 ffi::Error TiledMatmulHandler(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> tiles,
-                              ffi::Buffer<ffi::S32> live_rows, ffi::ResultBuffer<ffi::F32> out) {
+                              ffi::Buffer<ffi::S32> live_rows, ffi::ResultBuffer<kOut> out) {
   if (ffi::Error error = CheckOperands(x, tiles, live_rows); error.failure()) return error;
 #ifdef JAXLLM_TILED_MATMUL
+  using Out = std::conditional_t<kOut == ffi::DataType::F32, float, uint16_t>;
   const int64_t M = LiveRows(live_rows, x.dimensions()[0]), K = x.dimensions()[1], N = tiles.dimensions()[0] * kRows;
   const auto* xs = reinterpret_cast<const uint16_t*>(x.typed_data());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.typed_data());
+  auto* result = reinterpret_cast<Out*>(out->untyped_data());
   if (M > 16) {
-    TiledMatmul<32>(pool, xs, ws, M, K, N, out->typed_data());
+    TiledMatmul<32>(pool, xs, ws, M, K, N, result);
   } else if (M > 0) {
-    TiledMatmul<16>(pool, xs, ws, M, K, N, out->typed_data());
+    TiledMatmul<16>(pool, xs, ws, M, K, N, result);
   }
-  std::memset(out->typed_data() + M * N, 0, (x.dimensions()[0] - M) * N * sizeof(float));  // the padding rows
+  std::memset(result + M * N, 0, (x.dimensions()[0] - M) * N * sizeof(Out));  // the padding rows
 #endif
   return ffi::Error::Success();
 }
@@ -376,13 +390,22 @@ extern "C" int JaxllmTiledMatmulReady() {
 #endif
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledMatmul, TiledMatmulHandler,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledMatmul, TiledMatmulHandler<ffi::DataType::F32>,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // tiles [N/32, K/32, 2, 16, 32]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // live_rows []
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [M, N]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledMatmulBf16, TiledMatmulHandler<ffi::DataType::BF16>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // tiles [N/32, K/32, 2, 16, 32]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // live_rows []
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out [M, N]: the sums rounded
 );
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxllmTiledSiluMatmul, TiledSiluMatmulHandler,

@@ -78,6 +78,28 @@ def test_the_kernel_is_the_exact_sum_up_to_its_order(m, n, k):
 
 
 @needs_tiled_kernel
+@pytest.mark.parametrize("m,n,k,live", [(1, 32, 32, None), (5, 96, 64, None), (17, 160, 96, 9), (40, 3072, 576, 33),
+                                        (64, 960, 576, 64), (300, 96, 128, 290)])
+def test_the_rounded_sums_are_the_float32_sums_astype_bfloat16(m, n, k, live):
+    """dtype bfloat16: the float32 sums rounded to nearest even as they are stored, bit for bit XLA's astype of the
+    float32 result (padding rows zeros in both), weights at three scales so that roundings carry and ties occur."""
+    rng = np.random.default_rng(m * 7 + n)
+    x = jnp.asarray(_bf16(rng, m, k))
+    w = np.asarray(jnp.asarray(rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 300.0]), jnp.bfloat16))
+    tiles = jnp.asarray(pack_tiles(w))
+    got = jax.jit(lambda x, t: tiled_matmul_cpu(x, t, live, jnp.bfloat16))(x, tiles)
+    want = jax.jit(lambda x, t: tiled_matmul_cpu(x, t, live).astype(jnp.bfloat16))(x, tiles)
+    assert got.shape == (m, n) and got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+
+
+def test_the_tiled_matmul_refuses_an_output_dtype_it_does_not_write():
+    x, tiles = jnp.zeros((2, 32), jnp.bfloat16), jnp.zeros((1, 1, 2, 16, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match="float32 sums or bfloat16; got dtype float16"):
+        tiled_matmul_cpu(x, tiles, dtype=jnp.float16)
+
+
+@needs_tiled_kernel
 @pytest.mark.parametrize("kernel", [tiled_matmul_cpu, tiled_silu_matmul_cpu])
 @pytest.mark.parametrize("m", [5, 40])
 def test_every_call_writes_every_block_however_the_threads_split_them(kernel, m):
