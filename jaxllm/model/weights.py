@@ -90,14 +90,14 @@ class TiledWeight(WeightFormat):
     def silu_and_mul(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array | None:
         """For a gate|up weight [2F, K]: silu(gate) * up [..., F] bfloat16 in one native call, the activation in the
         dot's epilogue, where its dot would run the tiled kernel and F is a multiple of 32; else None."""
-        if self._takes_skinny(x, kernels) or not self._takes_tiled_kernel(x, kernels) or self.tiles.shape[0] % 2:
+        if not self._takes_tiled_kernel(x, kernels) or self.tiles.shape[0] % 2:
             return None
         return tiled_silu_matmul_cpu(x, self.tiles, live_rows)
 
     def rounded_dot(self, x: jax.Array, kernels: Kernels, live_rows: jax.Array | None = None) -> jax.Array | None:
         """dot's sums rounded to bfloat16 [..., N] as the tiled kernel stores them (bit for bit their astype, with no
         pass of its own), where the dot would run the tiled kernel; else None."""
-        if self._takes_skinny(x, kernels) or not self._takes_tiled_kernel(x, kernels):
+        if not self._takes_tiled_kernel(x, kernels):
             return None
         return tiled_matmul_cpu(x, self.tiles, live_rows, jnp.bfloat16)
 
@@ -105,7 +105,8 @@ class TiledWeight(WeightFormat):
         return kernels.matvec16 == "native" and _rows(x) <= TILED_SKINNY_MAX_ROWS and skinny_supports(x, self.tiles)
 
     def _takes_tiled_kernel(self, x: jax.Array, kernels: Kernels) -> bool:
-        return kernels.amx_matmul == "cpu" and x.dtype == jnp.bfloat16
+        """Whether the dot runs the tiled kernel (its few-row dots take the skinny kernel first)."""
+        return kernels.amx_matmul == "cpu" and x.dtype == jnp.bfloat16 and not self._takes_skinny(x, kernels)
 
     def leaf_axes(self, axes: Axes) -> TiledWeight:
         rows, columns = axes  # the dense W [N, K]: the tiles are [N/32, K/32, 2, 16, 32]

@@ -82,7 +82,7 @@ def test_the_kernel_is_the_exact_sum_up_to_its_order(m, n, k):
                                         (64, 960, 576, 64), (300, 96, 128, 290)])
 def test_the_rounded_sums_are_the_float32_sums_astype_bfloat16(m, n, k, live):
     """dtype bfloat16: the float32 sums rounded to nearest even as they are stored, bit for bit XLA's astype of the
-    float32 result (padding rows zeros in both), weights at three scales so that roundings carry and ties occur."""
+    float32 result (padding rows zeros in both), the weights at one of three scales."""
     rng = np.random.default_rng(m * 7 + n)
     x = jnp.asarray(_bf16(rng, m, k))
     w = np.asarray(jnp.asarray(rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 300.0]), jnp.bfloat16))
