@@ -2,7 +2,8 @@
 
 Chosen by the CPU's flags (/proc/cpuinfo), from measurements (benchmarks/RESULTS.md):
     amx_bf16      bfloat16  XLA:CPU's bfloat16 dots run on AMX tiles: the engine ~1.9x float32
-    avx512_bf16   bfloat16  without AMX: batch 64 1.3x float32, mixed 1.09x, batch-1 decode within noise of it
+    avx512_bf16   bfloat16  without AMX, the tiled matmul on VDPBF16PS (Zen 5): batch 64 2.1-2.3x float32,
+                            mixed 2.3-2.4x, batch-1 decode 1.5-1.6x (Zen 4, before that kernel: 1.3x, 1.09x, even)
     otherwise     float32   AVX2 alone: bfloat16 dots are several times slower than float32
 JAXLLM_CPU_FLAGS, where set, stands in for the CPU's flags (space-separated; the test suite pins float32 with it).
 """
