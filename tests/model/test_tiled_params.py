@@ -160,9 +160,8 @@ def test_the_forward_with_tiled_weights_is_the_dense_forward(tied):
 @pytest.mark.parametrize("tokens", [8, 1])
 def test_the_forward_with_the_native_kernels_matches_the_dense_forward(tokens):
     """8 tokens: the layers' tiled dots on the AMX kernel, q|k|v's rounded to bfloat16 in it (no bias: `linear`),
-    gate|up's with the SiLU in it; 1 token (a decode step of
-    one sequence): on the skinny kernel reading the tiles (the LM head's one or two rows take the skinny kernel in
-    both)."""
+    gate|up's with the SiLU in it; 1 token (a decode step of one sequence): on the skinny kernel reading the tiles
+    (the LM head's one or two rows take the skinny kernel in both)."""
     config = _config()
     params = _params(config)
     tiled = tile_params(params, AMX, num_devices=1)
